@@ -1,0 +1,58 @@
+// forja: the program's entry point. Builds the command line from the registered subcommands
+// (src/cli/cmd_*.cpp), runs the chosen one, and turns errors into exit codes:
+// 0 success, 2 user error (one line, names the fix), 1 anything else.
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <map>
+
+#include "cli/command.h"
+#include "util/error.h"
+
+namespace forja::cli {
+std::vector<CommandEntry>& command_registry() {
+  static std::vector<CommandEntry> registry;
+  return registry;
+}
+}  // namespace forja::cli
+
+int main(int argc, char** argv) {
+  using namespace forja::cli;
+  CLI::App app{"forja: fine-tune LLMs with QLoRA on any GPU through Vulkan compute"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "forja 0.1.0");
+
+  auto& registry = command_registry();
+  std::sort(registry.begin(), registry.end(),
+            [](const CommandEntry& a, const CommandEntry& b) { return a.order < b.order; });
+  std::map<std::string, CommandRun> runs;
+  for (auto& entry : registry) runs[entry.name] = entry.setup(app);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "forja: %s (see forja --help)\n", e.what());
+    return 2;
+  }
+
+  try {
+    for (auto* sub : app.get_subcommands()) {
+      auto it = runs.find(sub->get_name());
+      if (it != runs.end()) return it->second();
+    }
+    std::fprintf(stderr, "forja: no command given (see forja --help)\n");
+    return 2;
+  } catch (const forja::UserError& e) {
+    std::fprintf(stderr, "forja: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "forja: internal error: %s\n", e.what());
+    return 1;
+  }
+}
