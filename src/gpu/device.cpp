@@ -1,0 +1,505 @@
+#include "gpu/device.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "gpu/vk_check.h"
+#include "util/error.h"
+
+// Debian 12's headers predate VK_KHR_cooperative_matrix; its property query is declared here
+// so the probe can report KHR shapes on newer drivers. Values from the Vulkan registry.
+#ifndef VK_KHR_cooperative_matrix
+#define FORJA_KHR_COOPMAT_LOCAL 1
+namespace {
+constexpr VkStructureType kStructureTypeCoopMatPropsKHR = static_cast<VkStructureType>(1000506001);
+struct CoopMatPropsKHR {
+  VkStructureType sType;
+  void* pNext;
+  uint32_t MSize, NSize, KSize;
+  VkComponentTypeNV AType, BType, CType, ResultType;
+  VkBool32 saturatingAccumulation;
+  VkScopeNV scope;
+};
+using PFN_GetCoopMatPropsKHR = VkResult(VKAPI_PTR*)(VkPhysicalDevice, uint32_t*, CoopMatPropsKHR*);
+}  // namespace
+#endif
+
+namespace forja::gpu {
+
+const char* vk_result_name(VkResult r) {
+  switch (r) {
+    case VK_SUCCESS: return "VK_SUCCESS";
+    case VK_NOT_READY: return "VK_NOT_READY";
+    case VK_TIMEOUT: return "VK_TIMEOUT";
+    case VK_INCOMPLETE: return "VK_INCOMPLETE";
+    case VK_ERROR_OUT_OF_HOST_MEMORY: return "VK_ERROR_OUT_OF_HOST_MEMORY";
+    case VK_ERROR_OUT_OF_DEVICE_MEMORY: return "VK_ERROR_OUT_OF_DEVICE_MEMORY";
+    case VK_ERROR_INITIALIZATION_FAILED: return "VK_ERROR_INITIALIZATION_FAILED";
+    case VK_ERROR_DEVICE_LOST: return "VK_ERROR_DEVICE_LOST";
+    case VK_ERROR_MEMORY_MAP_FAILED: return "VK_ERROR_MEMORY_MAP_FAILED";
+    case VK_ERROR_LAYER_NOT_PRESENT: return "VK_ERROR_LAYER_NOT_PRESENT";
+    case VK_ERROR_EXTENSION_NOT_PRESENT: return "VK_ERROR_EXTENSION_NOT_PRESENT";
+    case VK_ERROR_FEATURE_NOT_PRESENT: return "VK_ERROR_FEATURE_NOT_PRESENT";
+    case VK_ERROR_INCOMPATIBLE_DRIVER: return "VK_ERROR_INCOMPATIBLE_DRIVER";
+    case VK_ERROR_TOO_MANY_OBJECTS: return "VK_ERROR_TOO_MANY_OBJECTS";
+    case VK_ERROR_FORMAT_NOT_SUPPORTED: return "VK_ERROR_FORMAT_NOT_SUPPORTED";
+    case VK_ERROR_OUT_OF_POOL_MEMORY: return "VK_ERROR_OUT_OF_POOL_MEMORY";
+    default: return "VkResult(other)";
+  }
+}
+
+void vk_fail(VkResult r, const char* call, const char* file, int line) {
+  std::ostringstream os;
+  os << call << " failed with " << vk_result_name(r) << " (" << static_cast<int>(r) << ") at "
+     << file << ":" << line;
+  if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY)
+    throw OutOfMemory(os.str());
+  throw std::runtime_error(os.str());
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+namespace {
+
+std::atomic<uint64_t> g_validation_messages{0};
+
+VKAPI_ATTR VkBool32 VKAPI_CALL debug_callback(VkDebugUtilsMessageSeverityFlagBitsEXT severity,
+                                              VkDebugUtilsMessageTypeFlagsEXT,
+                                              const VkDebugUtilsMessengerCallbackDataEXT* data,
+                                              void*) {
+  if (severity >= VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT) {
+    g_validation_messages.fetch_add(1);
+    std::fprintf(stderr, "forja: Vulkan validation: %s\n", data->pMessage);
+  }
+  return VK_FALSE;
+}
+
+const char* component_name(VkComponentTypeNV t) {
+  switch (t) {
+    case VK_COMPONENT_TYPE_FLOAT16_NV: return "f16";
+    case VK_COMPONENT_TYPE_FLOAT32_NV: return "f32";
+    case VK_COMPONENT_TYPE_FLOAT64_NV: return "f64";
+    case VK_COMPONENT_TYPE_SINT8_NV: return "s8";
+    case VK_COMPONENT_TYPE_SINT32_NV: return "s32";
+    case VK_COMPONENT_TYPE_UINT8_NV: return "u8";
+    case VK_COMPONENT_TYPE_UINT32_NV: return "u32";
+    default: return "other";
+  }
+}
+
+bool has_extension(const std::vector<VkExtensionProperties>& exts, const char* name) {
+  for (const auto& e : exts)
+    if (std::strcmp(e.extensionName, name) == 0) return true;
+  return false;
+}
+
+std::vector<VkExtensionProperties> device_extensions(VkPhysicalDevice pd) {
+  uint32_t n = 0;
+  vkEnumerateDeviceExtensionProperties(pd, nullptr, &n, nullptr);
+  std::vector<VkExtensionProperties> exts(n);
+  vkEnumerateDeviceExtensionProperties(pd, nullptr, &n, exts.data());
+  return exts;
+}
+
+DeviceInfo probe(VkInstance instance, VkPhysicalDevice pd, uint32_t index) {
+  DeviceInfo d;
+  d.index = index;
+  auto exts = device_extensions(pd);
+
+  VkPhysicalDeviceSubgroupProperties subgroup{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceSubgroupSizeControlProperties sgctl{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES};
+  VkPhysicalDeviceDriverProperties driver{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES};
+  VkPhysicalDeviceMaintenance3Properties m3{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
+  VkPhysicalDeviceProperties2 props{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  props.pNext = &subgroup;
+  subgroup.pNext = &driver;
+  driver.pNext = &m3;
+  m3.pNext = &sgctl;
+  vkGetPhysicalDeviceProperties2(pd, &props);
+  const VkPhysicalDeviceLimits& lim = props.properties.limits;
+
+  d.name = props.properties.deviceName;
+  d.type = props.properties.deviceType;
+  d.vendor_id = props.properties.vendorID;
+  d.api_version = props.properties.apiVersion;
+  d.driver_name = driver.driverName;
+  d.driver_info = driver.driverInfo;
+  d.subgroup_size = subgroup.subgroupSize;
+  d.min_subgroup_size = sgctl.minSubgroupSize ? sgctl.minSubgroupSize : subgroup.subgroupSize;
+  d.max_subgroup_size = sgctl.maxSubgroupSize ? sgctl.maxSubgroupSize : subgroup.subgroupSize;
+  d.max_shared_memory = lim.maxComputeSharedMemorySize;
+  d.max_storage_buffer_range = lim.maxStorageBufferRange;
+  d.max_allocation_size = m3.maxMemoryAllocationSize;
+  d.min_storage_offset_alignment = lim.minStorageBufferOffsetAlignment;
+  d.max_push_constants = lim.maxPushConstantsSize;
+  for (int i = 0; i < 3; ++i) d.max_workgroup_count[i] = lim.maxComputeWorkGroupCount[i];
+  d.max_workgroup_invocations = lim.maxComputeWorkGroupInvocations;
+  d.timestamp_period_ns = lim.timestampPeriod;
+  d.timestamps = lim.timestampComputeAndGraphics;
+  d.max_buffer_size = d.max_allocation_size;
+
+  VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  VkPhysicalDeviceSubgroupSizeControlFeatures fsg{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES};
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV fcm{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  VkPhysicalDeviceFeatures2 feats{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  feats.pNext = &f11;
+  f11.pNext = &f12;
+  f12.pNext = &fsg;
+  const bool nv_ext = has_extension(exts, VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
+  if (nv_ext) fsg.pNext = &fcm;
+  vkGetPhysicalDeviceFeatures2(pd, &feats);
+  d.shader_float16 = f12.shaderFloat16;
+  d.storage_buffer_16bit = f11.storageBuffer16BitAccess;
+  d.shader_int64 = feats.features.shaderInt64;
+  d.vulkan_memory_model = f12.vulkanMemoryModel;
+  d.subgroup_size_control = fsg.subgroupSizeControl;
+  d.push_descriptor = has_extension(exts, VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
+  d.memory_budget_ext = has_extension(exts, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+
+  if (nv_ext && fcm.cooperativeMatrix) {
+    auto fn = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
+        vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
+    if (fn) {
+      uint32_t n = 0;
+      fn(pd, &n, nullptr);
+      std::vector<VkCooperativeMatrixPropertiesNV> shapes(n, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV});
+      fn(pd, &n, shapes.data());
+      d.nv_coopmat = true;
+      for (const auto& s : shapes) {
+        CoopMatShape c{s.MSize, s.NSize, s.KSize, component_name(s.AType), component_name(s.BType),
+                       component_name(s.CType), component_name(s.DType), s.scope == VK_SCOPE_SUBGROUP_NV};
+        d.nv_coopmat_shapes.push_back(c);
+        if (c.m == 16 && c.n == 16 && c.k == 16 && c.a_type == "f16" && c.b_type == "f16" &&
+            c.c_type == "f32" && c.result_type == "f32" && c.subgroup_scope)
+          d.nv_coopmat_f16_f32_16x16x16 = true;
+      }
+    }
+  }
+  if (has_extension(exts, "VK_KHR_cooperative_matrix")) {
+#ifdef FORJA_KHR_COOPMAT_LOCAL
+    auto fn = reinterpret_cast<PFN_GetCoopMatPropsKHR>(
+        vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
+    if (fn) {
+      uint32_t n = 0;
+      fn(pd, &n, nullptr);
+      std::vector<CoopMatPropsKHR> shapes(n);
+      for (auto& s : shapes) s = CoopMatPropsKHR{kStructureTypeCoopMatPropsKHR, nullptr};
+      fn(pd, &n, shapes.data());
+      d.khr_coopmat = true;
+      for (const auto& s : shapes)
+        d.khr_coopmat_shapes.push_back({s.MSize, s.NSize, s.KSize, component_name(s.AType),
+                                        component_name(s.BType), component_name(s.CType),
+                                        component_name(s.ResultType), s.scope == VK_SCOPE_SUBGROUP_NV});
+    }
+#else
+    d.khr_coopmat = true;
+#endif
+  }
+  // A coopmat kernel written for subgroups of 32 only runs where that is the subgroup size.
+  if (d.subgroup_size != 32) d.nv_coopmat_f16_f32_16x16x16 = false;
+
+  VkPhysicalDeviceMemoryBudgetPropertiesEXT budget{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT};
+  VkPhysicalDeviceMemoryProperties2 mem{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2};
+  if (d.memory_budget_ext) mem.pNext = &budget;
+  vkGetPhysicalDeviceMemoryProperties2(pd, &mem);
+  for (uint32_t i = 0; i < mem.memoryProperties.memoryHeapCount; ++i) {
+    MemoryHeapInfo h;
+    h.size = mem.memoryProperties.memoryHeaps[i].size;
+    h.device_local = mem.memoryProperties.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT;
+    h.budget = d.memory_budget_ext ? budget.heapBudget[i] : h.size;
+    d.heaps.push_back(h);
+  }
+  return d;
+}
+
+std::string version_string(uint32_t v) {
+  return std::to_string(VK_API_VERSION_MAJOR(v)) + "." + std::to_string(VK_API_VERSION_MINOR(v)) +
+         "." + std::to_string(VK_API_VERSION_PATCH(v));
+}
+
+std::string bytes_string(uint64_t b) {
+  char buf[64];
+  if (b >= (1ull << 30))
+    std::snprintf(buf, sizeof buf, "%.1f GiB", b / double(1ull << 30));
+  else
+    std::snprintf(buf, sizeof buf, "%.0f MiB", b / double(1ull << 20));
+  return buf;
+}
+
+}  // namespace
+
+std::string DeviceInfo::type_name() const {
+  switch (type) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: return "discrete GPU";
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: return "integrated GPU";
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: return "virtual GPU";
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: return "CPU";
+    default: return "other";
+  }
+}
+
+uint64_t DeviceInfo::device_local_bytes() const {
+  uint64_t total = 0;
+  for (const auto& h : heaps)
+    if (h.device_local) total += h.size;
+  return total;
+}
+
+std::string DeviceInfo::describe() const {
+  std::ostringstream os;
+  os << "device " << index << ": " << name << " (" << type_name() << ")\n";
+  os << "  Vulkan " << version_string(api_version) << ", driver " << driver_name << " " << driver_info << "\n";
+  os << "  fp16 arithmetic: " << (shader_float16 ? "yes" : "no")
+     << ", 16-bit storage: " << (storage_buffer_16bit ? "yes" : "no")
+     << ", push descriptors: " << (push_descriptor ? "yes" : "no") << "\n";
+  os << "  subgroup size " << subgroup_size;
+  if (min_subgroup_size != max_subgroup_size) os << " (" << min_subgroup_size << ".." << max_subgroup_size << ")";
+  os << ", shared memory " << max_shared_memory / 1024 << " KiB, max storage buffer range "
+     << bytes_string(max_storage_buffer_range) << "\n";
+  os << "  memory heaps:";
+  for (size_t i = 0; i < heaps.size(); ++i)
+    os << (i ? "," : "") << " " << bytes_string(heaps[i].size) << (heaps[i].device_local ? " device-local" : " host")
+       << (memory_budget_ext ? " (budget " + bytes_string(heaps[i].budget) + ")" : "");
+  os << "\n";
+  auto shapes = [&](const char* label, bool have, const std::vector<CoopMatShape>& v) {
+    os << "  " << label << " cooperative matrix: ";
+    if (!have) {
+      os << "no\n";
+      return;
+    }
+    if (v.empty()) os << "yes";
+    for (const auto& s : v)
+      os << "[" << s.m << "x" << s.n << "x" << s.k << " " << s.a_type << "*" << s.b_type << "+" << s.c_type
+         << "->" << s.result_type << "] ";
+    os << "\n";
+  };
+  shapes("NV", nv_coopmat, nv_coopmat_shapes);
+  shapes("KHR", khr_coopmat, khr_coopmat_shapes);
+  return os.str();
+}
+
+// ------------------------------------------------------------------------------ Instance
+
+Instance::Instance(bool validation) {
+  VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
+  app.pApplicationName = "forja";
+  app.apiVersion = VK_API_VERSION_1_2;
+
+  std::vector<const char*> layers, extensions;
+  if (validation) {
+    uint32_t n = 0;
+    vkEnumerateInstanceLayerProperties(&n, nullptr);
+    std::vector<VkLayerProperties> avail(n);
+    vkEnumerateInstanceLayerProperties(&n, avail.data());
+    bool found = std::any_of(avail.begin(), avail.end(), [](const VkLayerProperties& l) {
+      return std::strcmp(l.layerName, "VK_LAYER_KHRONOS_validation") == 0;
+    });
+    if (!found)
+      throw UserError("FORJA_VALIDATE is set but the Vulkan validation layer is not installed "
+                      "(Debian/Ubuntu: apt-get install vulkan-validationlayers)");
+    layers.push_back("VK_LAYER_KHRONOS_validation");
+    extensions.push_back(VK_EXT_DEBUG_UTILS_EXTENSION_NAME);
+  }
+  VkInstanceCreateInfo ci{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
+  ci.pApplicationInfo = &app;
+  ci.enabledLayerCount = static_cast<uint32_t>(layers.size());
+  ci.ppEnabledLayerNames = layers.data();
+  ci.enabledExtensionCount = static_cast<uint32_t>(extensions.size());
+  ci.ppEnabledExtensionNames = extensions.data();
+  VkResult r = vkCreateInstance(&ci, nullptr, &instance_);
+  if (r == VK_ERROR_INCOMPATIBLE_DRIVER || r == VK_ERROR_INITIALIZATION_FAILED)
+    throw UserError(std::string("no Vulkan driver found (vkCreateInstance: ") + vk_result_name(r) +
+                    "); install your GPU's Vulkan driver, or Mesa's CPU driver lavapipe "
+                    "(Debian/Ubuntu: apt-get install mesa-vulkan-drivers)");
+  VK_CHECK(r);
+  validation_ = validation;
+
+  if (validation) {
+    auto create = reinterpret_cast<PFN_vkCreateDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(instance_, "vkCreateDebugUtilsMessengerEXT"));
+    VkDebugUtilsMessengerCreateInfoEXT mi{VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT};
+    mi.messageSeverity = VK_DEBUG_UTILS_MESSAGE_SEVERITY_WARNING_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_SEVERITY_ERROR_BIT_EXT;
+    mi.messageType = VK_DEBUG_UTILS_MESSAGE_TYPE_GENERAL_BIT_EXT | VK_DEBUG_UTILS_MESSAGE_TYPE_VALIDATION_BIT_EXT |
+                     VK_DEBUG_UTILS_MESSAGE_TYPE_PERFORMANCE_BIT_EXT;
+    mi.pfnUserCallback = debug_callback;
+    if (create) VK_CHECK(create(instance_, &mi, nullptr, &messenger_));
+  }
+
+  uint32_t n = 0;
+  VK_CHECK(vkEnumeratePhysicalDevices(instance_, &n, nullptr));
+  physical_.resize(n);
+  VK_CHECK(vkEnumeratePhysicalDevices(instance_, &n, physical_.data()));
+  for (uint32_t i = 0; i < n; ++i) devices_.push_back(probe(instance_, physical_[i], i));
+  if (devices_.empty())
+    throw UserError("the Vulkan loader found no device; install your GPU's Vulkan driver, or Mesa's CPU "
+                    "driver lavapipe (Debian/Ubuntu: apt-get install mesa-vulkan-drivers)");
+}
+
+Instance::~Instance() {
+  if (messenger_) {
+    auto destroy = reinterpret_cast<PFN_vkDestroyDebugUtilsMessengerEXT>(
+        vkGetInstanceProcAddr(instance_, "vkDestroyDebugUtilsMessengerEXT"));
+    if (destroy) destroy(instance_, messenger_, nullptr);
+  }
+  if (instance_) vkDestroyInstance(instance_, nullptr);
+}
+
+uint64_t Instance::validation_messages() const { return g_validation_messages.load(); }
+
+uint32_t Instance::choose(int requested) const {
+  const uint32_t n = static_cast<uint32_t>(devices_.size());
+  auto list = [&] {
+    std::string s;
+    for (const auto& d : devices_) s += (s.empty() ? "" : ", ") + std::to_string(d.index) + " = " + d.name;
+    return s;
+  };
+  if (requested < 0) {
+    if (const char* env = std::getenv("FORJA_DEVICE"); env && *env) {
+      char* end = nullptr;
+      long v = std::strtol(env, &end, 10);
+      if (*end || v < 0)
+        throw UserError(std::string("FORJA_DEVICE=") + env + " is not a device index; devices: " + list());
+      requested = static_cast<int>(v);
+    }
+  }
+  if (requested >= 0) {
+    if (static_cast<uint32_t>(requested) >= n)
+      throw UserError("device " + std::to_string(requested) + " does not exist; found " + std::to_string(n) +
+                      " Vulkan device" + (n == 1 ? "" : "s") + ": " + list() + " (see forja devices)");
+    return static_cast<uint32_t>(requested);
+  }
+  for (VkPhysicalDeviceType t : {VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU, VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU,
+                                 VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU})
+    for (const auto& d : devices_)
+      if (d.type == t) return d.index;
+  return 0;
+}
+
+// ------------------------------------------------------------------------------ Device
+
+std::shared_ptr<Device> Device::open(int requested, bool quiet) {
+  auto instance = std::make_shared<Instance>(env_flag("FORJA_VALIDATE"));
+  uint32_t index = instance->choose(requested);
+  if (!quiet && instance->devices()[index].is_cpu())
+    std::fprintf(stderr,
+                 "forja: using %s, which is the CPU (Mesa lavapipe): fine for tests and tiny models, "
+                 "slow for real ones\n",
+                 instance->devices()[index].name.c_str());
+  return std::make_shared<Device>(instance, index);
+}
+
+Device::Device(std::shared_ptr<Instance> instance, uint32_t index)
+    : instance_(std::move(instance)), physical_(instance_->physical(index)), info_(instance_->devices()[index]) {
+  if (!info_.push_descriptor)
+    throw UserError("device " + info_.name + " lacks VK_KHR_push_descriptor, which forja needs; update its driver");
+  if (VK_API_VERSION_MINOR(info_.api_version) < 2 && VK_API_VERSION_MAJOR(info_.api_version) == 1)
+    throw UserError("device " + info_.name + " supports only Vulkan " + version_string(info_.api_version) +
+                    "; forja needs Vulkan 1.2 (update the driver)");
+
+  uint32_t nq = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, nullptr);
+  std::vector<VkQueueFamilyProperties> qf(nq);
+  vkGetPhysicalDeviceQueueFamilyProperties(physical_, &nq, qf.data());
+  // Prefer a compute queue family without graphics (dedicated compute), else any with compute.
+  int chosen = -1;
+  for (uint32_t i = 0; i < nq; ++i)
+    if ((qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && !(qf[i].queueFlags & VK_QUEUE_GRAPHICS_BIT)) {
+      chosen = static_cast<int>(i);
+      break;
+    }
+  if (chosen < 0)
+    for (uint32_t i = 0; i < nq; ++i)
+      if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) {
+        chosen = static_cast<int>(i);
+        break;
+      }
+  if (chosen < 0) throw UserError("device " + info_.name + " has no compute queue");
+  queue_family_ = static_cast<uint32_t>(chosen);
+  if (qf[queue_family_].timestampValidBits == 0) info_.timestamps = false;
+
+  float priority = 1.0f;
+  VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+  qi.queueFamilyIndex = queue_family_;
+  qi.queueCount = 1;
+  qi.pQueuePriorities = &priority;
+
+  std::vector<const char*> exts = {VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME};
+  if (info_.memory_budget_ext) exts.push_back(VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+
+  VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  VkPhysicalDeviceSubgroupSizeControlFeatures fsg{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES};
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV fcm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  VkPhysicalDeviceFeatures2 feats{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  feats.pNext = &f11;
+  f11.pNext = &f12;
+  f11.storageBuffer16BitAccess = info_.storage_buffer_16bit;
+  f12.shaderFloat16 = info_.shader_float16;
+  f12.vulkanMemoryModel = info_.vulkan_memory_model;
+  feats.features.shaderInt64 = info_.shader_int64;
+  void** tail = &f12.pNext;
+  if (info_.subgroup_size_control && VK_API_VERSION_MINOR(info_.api_version) >= 3) {
+    fsg.subgroupSizeControl = VK_TRUE;
+    *tail = &fsg;
+    tail = &fsg.pNext;
+  }
+  if (info_.nv_coopmat) {
+    exts.push_back(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
+    fcm.cooperativeMatrix = VK_TRUE;
+    *tail = &fcm;
+    tail = &fcm.pNext;
+  }
+
+  VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+  di.pNext = &feats;
+  di.queueCreateInfoCount = 1;
+  di.pQueueCreateInfos = &qi;
+  di.enabledExtensionCount = static_cast<uint32_t>(exts.size());
+  di.ppEnabledExtensionNames = exts.data();
+  VK_CHECK(vkCreateDevice(physical_, &di, nullptr, &device_));
+  vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
+  vkGetPhysicalDeviceMemoryProperties(physical_, &mem_props_);
+  cmd_push_descriptor_set =
+      reinterpret_cast<PFN_vkCmdPushDescriptorSetKHR>(vkGetDeviceProcAddr(device_, "vkCmdPushDescriptorSetKHR"));
+  if (!cmd_push_descriptor_set) throw std::runtime_error("vkCmdPushDescriptorSetKHR not found");
+}
+
+Device::~Device() {
+  if (device_) {
+    vkDeviceWaitIdle(device_);
+    vkDestroyDevice(device_, nullptr);
+  }
+}
+
+int Device::find_memory_type(uint32_t type_bits, VkMemoryPropertyFlags want) const {
+  for (uint32_t i = 0; i < mem_props_.memoryTypeCount; ++i)
+    if ((type_bits & (1u << i)) && (mem_props_.memoryTypes[i].propertyFlags & want) == want)
+      return static_cast<int>(i);
+  return -1;
+}
+
+uint64_t Device::device_local_budget() const {
+  if (!info_.memory_budget_ext) return info_.device_local_bytes();
+  VkPhysicalDeviceMemoryBudgetPropertiesEXT budget{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_BUDGET_PROPERTIES_EXT};
+  VkPhysicalDeviceMemoryProperties2 mem{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MEMORY_PROPERTIES_2};
+  mem.pNext = &budget;
+  vkGetPhysicalDeviceMemoryProperties2(physical_, &mem);
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < mem.memoryProperties.memoryHeapCount; ++i)
+    if (mem.memoryProperties.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
+      total += budget.heapBudget[i] > budget.heapUsage[i] ? budget.heapBudget[i] - budget.heapUsage[i] : 0;
+  return total;
+}
+
+}  // namespace forja::gpu
