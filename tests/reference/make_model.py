@@ -92,7 +92,9 @@ def make_weights(cfg: ModelConfig, seed: int, write_lm_head_when_tied=False, nor
     g = torch.Generator().manual_seed(int(seed))
     shapes = expected_weight_shapes(cfg)
     w = {}
-    for name in sorted(shapes):  # fixed order -> deterministic
+    # Fixed order -> deterministic. lm_head goes last so that the tied and the untied model of
+    # one seed share every other tensor (tests compare them).
+    for name in sorted(shapes, key=lambda n: (n == "lm_head.weight", n)):
         shp = shapes[name]
         if name.endswith("norm.weight"):
             t = 1.0 + norm_spread * torch.randn(shp, generator=g, dtype=torch.float64)

@@ -40,7 +40,8 @@ class SafetensorsError(ValueError):
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     """uint16 bfloat16 bit patterns -> float32 (exact: bf16 is the top half of an f32)."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+    flat = bits.reshape(-1).astype(np.uint32) << 16  # 1-D so .view works for 0-d tensors too
+    return flat.view(np.float32).reshape(bits.shape)
 
 
 def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
