@@ -86,8 +86,8 @@ def llama3_scaling(factor=32.0, low=1.0, high=4.0, original=8192) -> dict:
 
 def make_weights(cfg: ModelConfig, seed: int, write_lm_head_when_tied=False, norm_spread=0.1,
                  bias_std=0.1) -> dict:
-    """Random weights scaled so activations stay O(1) (std 1/sqrt(fan_in) for linears, 1 for
-    the embedding): the non-linear parts then matter, which makes gradient checks meaningful.
+    """Random weights scaled so activations and logits stay O(1) (std 1/sqrt(fan_in) for linears
+    and the embedding): the non-linear parts then matter, which makes gradient checks meaningful.
     Returned in float32; rounding to BF16 happens on write."""
     g = torch.Generator().manual_seed(int(seed))
     shapes = expected_weight_shapes(cfg)
@@ -101,7 +101,9 @@ def make_weights(cfg: ModelConfig, seed: int, write_lm_head_when_tied=False, nor
         elif name.endswith(".bias"):
             t = bias_std * torch.randn(shp, generator=g, dtype=torch.float64)
         elif name == "model.embed_tokens.weight":
-            t = torch.randn(shp, generator=g, dtype=torch.float64)
+            # std 1/sqrt(H): as a tied LM head this gives O(1) logits (a std-1 embedding gives
+            # logits of std sqrt(H) and a saturated softmax with near-zero gradients).
+            t = torch.randn(shp, generator=g, dtype=torch.float64) / (shp[1] ** 0.5)
         else:  # [out, in] linear (incl. untied lm_head)
             t = torch.randn(shp, generator=g, dtype=torch.float64) / (shp[1] ** 0.5)
         w[name] = t.float()
