@@ -473,8 +473,8 @@ def attention_mask(B: int, S: int, segment_ids: Optional[torch.Tensor], window: 
 
     - causal by sequence index (key index <= query index);
     - with segment_ids (packing): only keys of the same segment, and never segment 0
-      (padding); a padding query attends only to itself so its row stays finite (its output
-      feeds no real token and no counted target);
+      (padding). A padding query therefore sees nothing; forward() makes its attention
+      output exactly 0 (the convention of forja's C++ op reference, src/ops/ref/attention_ref.h);
     - sliding windows are only checked, not implemented: they must not bite.
     """
     i = torch.arange(S)
@@ -486,7 +486,6 @@ def attention_mask(B: int, S: int, segment_ids: Optional[torch.Tensor], window: 
         seg = segment_ids
         same = seg[:, :, None] == seg[:, None, :]
         allowed &= same & (seg[:, None, :] != 0)
-        allowed |= torch.eye(S, dtype=torch.bool)[None]
     return allowed[:, None]
 
 
@@ -543,6 +542,7 @@ def forward(model: BaseModel, input_ids: torch.Tensor, position_ids: Optional[to
         if win not in masks:
             masks[win] = attention_mask(B, S, segment_ids, win)
         mask = masks[win]
+        row_any = mask.any(dim=-1, keepdim=True)  # [B, 1, S, 1]
 
         # --- attention block ---
         r = x
@@ -559,7 +559,11 @@ def forward(model: BaseModel, input_ids: torch.Tensor, position_ids: Optional[to
         k, v = repeat_kv(k, cfg.n_rep), repeat_kv(v, cfg.n_rep)
         scores = (q @ k.transpose(-1, -2)) * (d ** -0.5)
         scores = scores.masked_fill(~mask, float("-inf"))
+        # Rows that see no key (padding queries): give softmax a finite row, then zero it, so
+        # the output is 0 and no NaN reaches the gradients.
+        scores = scores.masked_fill(~row_any, 0.0)
         probs = torch.softmax(scores.to(_stat_dtype(dt)), dim=-1).to(dt)  # softmax in >= fp32
+        probs = probs * row_any.to(dt)
         o = (probs @ v).transpose(1, 2).reshape(B, S, nh * d)
         x = r + linear(o, model, i, "o", lora, drop_gen)
 
