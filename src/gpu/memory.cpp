@@ -26,7 +26,7 @@ Buffer Buffer::slice(uint64_t byte_offset, uint64_t byte_size) const {
 Arena::Arena(std::shared_ptr<Device> device, uint64_t block_bytes) : device_(std::move(device)) {
   const DeviceInfo& info = device_->info();
   alignment_ = std::max<uint64_t>(16, info.min_storage_offset_alignment);
-  // Ordinary blocks: 1 GiB or a quarter of the allocation limit, whichever is smaller.
+  // Ordinary blocks: 1 GiB, or the allocation limit when that is smaller.
   block_bytes_ = block_bytes ? block_bytes : std::min<uint64_t>(1ull << 30, info.max_allocation_size);
 }
 
@@ -82,7 +82,7 @@ Buffer Arena::alloc(uint64_t bytes, const std::string& what) {
       b.used[off] = need;
       in_use_ += need;
       peak_ = std::max(peak_, in_use_);
-      return Buffer{b.buffer, off, bytes, bi};
+      return Buffer{b.buffer, off, need, bi};  // whole aligned extent: kernels may read it
     }
     return Buffer{};
   };

@@ -36,7 +36,8 @@ class Arena {
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
-  // `bytes` rounded up to the storage-offset alignment (and 16). Throws OutOfMemory.
+  // A view of at least `bytes`: the size is rounded up to the storage-offset alignment (and
+  // 16), so vector loads never leave the binding. Throws OutOfMemory.
   Buffer alloc(uint64_t bytes, const std::string& what = "");
   void free(const Buffer& b);
 

@@ -1,0 +1,242 @@
+#version 450
+// GEMM on matrix cores through GL_NV_cooperative_matrix: fp16 operands, fp32 accumulation,
+// fp32 C, all four transpose combinations (gemm_common.glsl).
+//
+// Workgroup tile BM x BN, K step BK, WM x WN subgroups of 32 invocations, each owning a
+// (BM/WM) x (BN/WN) block held as TM x TN 16x16 accumulators. Tiles are staged in shared
+// memory in the operand's stored layout (8 halves = one uvec4 per chunk, rows padded by one
+// chunk against bank conflicts); the cooperative-matrix load's column-major flag does the
+// transposes. The next K tile is fetched into registers during the multiplies (NSTAGES = 2:
+// double-buffered shared tiles, one barrier per K step; 1: reused, two barriers).
+//
+// Edges: with VECA (VECB) the operand is read 8 halves at a time, which needs its leading
+// dimension, offsets and contiguous extent to be multiples of 8 (the host checks); otherwise
+// halves are read one by one. Everything outside the matrix reads as zero, and the epilogue
+// goes through shared memory so that alpha, beta and the bounds apply per element.
+//
+// gemm_nvcm_emu replaces each cooperative-matrix operation with scalar code that follows the
+// GL_NV_cooperative_matrix definitions, so the tiling and addressing run (and are tested) on
+// devices without matrix cores, lavapipe included.
+//! variant gemm_nvcm requires=nv_coopmat
+//! variant gemm_nvcm_emu -DEMULATE
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_control_flow_attributes : require
+#ifndef EMULATE
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#endif
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint BM = 128;
+layout(constant_id = 2) const uint BN = 128;
+layout(constant_id = 3) const uint BK = 32;
+layout(constant_id = 4) const uint WM = 2;
+layout(constant_id = 5) const uint WN = 2;
+layout(constant_id = 6) const uint NSTAGES = 2;
+layout(constant_id = 7) const uint TA = 0;
+layout(constant_id = 8) const uint TB = 1;
+layout(constant_id = 9) const uint VECA = 1;
+layout(constant_id = 10) const uint VECB = 1;
+
+#include "gemm_common.glsl"
+
+layout(set = 0, binding = 0) readonly buffer BufA4 { uvec4 A4[]; };
+layout(set = 0, binding = 0) readonly buffer BufA1 { uint A1[]; };
+layout(set = 0, binding = 1) readonly buffer BufB4 { uvec4 B4[]; };
+layout(set = 0, binding = 1) readonly buffer BufB1 { uint B1[]; };
+layout(set = 0, binding = 2) buffer BufC { float C[]; };
+
+const uint NT = WM * WN * 32u;
+// A tile in shared memory: RA rows of CA chunks (TA = 0: rows m, chunks along k; TA = 1: rows k,
+// chunks along m). Likewise B (TB = 1: rows n, chunks along k; TB = 0: rows k, chunks along n).
+const uint RA = TA == 0 ? BM : BK;
+const uint CA = TA == 0 ? BK / 8u : BM / 8u;
+const uint SA = CA + 1u;
+const uint RB = TB == 1 ? BN : BK;
+const uint CB = TB == 1 ? BK / 8u : BN / 8u;
+const uint SB = CB + 1u;
+const uint A_STAGE = RA * SA;
+const uint B_STAGE = RB * SB;
+const uint LA = (RA * CA + NT - 1u) / NT;
+const uint LB = (RB * CB + NT - 1u) / NT;
+const uint TM = BM / WM / 16u;
+const uint TN = BN / WN / 16u;
+
+shared uvec4 Ash[NSTAGES * A_STAGE];
+shared uvec4 Bsh[NSTAGES * B_STAGE];
+shared float Csh[WM * WN * 256u];  // epilogue: one 16x16 tile per subgroup
+
+uint half_bits(bool fromA, uint h) {  // the 16 bits of half number h of A or B
+  uint w = fromA ? A1[h >> 1] : B1[h >> 1];
+  return (h & 1u) == 0u ? (w & 0xffffu) : (w >> 16);
+}
+
+// Chunk x of the A tile whose origin is (m0, k0): 8 consecutive halves of the stored layout.
+uvec4 load_chunk_a(uint base, uint m0, uint k0, uint x) {
+  const uint row = x / CA, ch = x % CA;
+  // (r, c0): index along the strided dim and first index along the contiguous dim
+  const uint r = TA == 0 ? m0 + row : k0 + row;
+  const uint c0 = TA == 0 ? k0 + ch * 8u : m0 + ch * 8u;
+  const uint rows = TA == 0 ? pc.M : pc.K, cols = TA == 0 ? pc.K : pc.M;
+  if (r >= rows || c0 >= cols) return uvec4(0);
+  const uint h = base + r * pc.lda + c0;
+  if (VECA == 1u) return A4[h >> 3];
+  uint v[8];
+  [[unroll]] for (uint i = 0; i < 8u; ++i) v[i] = c0 + i < cols ? half_bits(true, h + i) : 0u;
+  return uvec4(v[0] | (v[1] << 16), v[2] | (v[3] << 16), v[4] | (v[5] << 16), v[6] | (v[7] << 16));
+}
+uvec4 load_chunk_b(uint base, uint n0, uint k0, uint x) {
+  const uint row = x / CB, ch = x % CB;
+  const uint r = TB == 1 ? n0 + row : k0 + row;
+  const uint c0 = TB == 1 ? k0 + ch * 8u : n0 + ch * 8u;
+  const uint rows = TB == 1 ? pc.N : pc.K, cols = TB == 1 ? pc.K : pc.N;
+  if (r >= rows || c0 >= cols) return uvec4(0);
+  const uint h = base + r * pc.ldb + c0;
+  if (VECB == 1u) return B4[h >> 3];
+  uint v[8];
+  [[unroll]] for (uint i = 0; i < 8u; ++i) v[i] = c0 + i < cols ? half_bits(false, h + i) : 0u;
+  return uvec4(v[0] | (v[1] << 16), v[2] | (v[3] << 16), v[4] | (v[5] << 16), v[6] | (v[7] << 16));
+}
+
+// Position (in uvec4 units) and orientation of the 16x16 operand tiles inside a stage.
+// A (rows m, cols k) at tile offset (mi, ki): TA = 0 row-major, TA = 1 column-major.
+uint a_elem(uint mi, uint ki) { return TA == 0 ? mi * SA + ki / 8u : ki * SA + mi / 8u; }
+// B (rows k, cols n) at (ki, ni): TB = 1 column-major, TB = 0 row-major.
+uint b_elem(uint ki, uint ni) { return TB == 1 ? ni * SB + ki / 8u : ki * SB + ni / 8u; }
+const bool A_COLMAJOR = TA == 1;
+const bool B_COLMAJOR = TB == 1;
+
+#ifndef EMULATE
+#define ACC_T fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+#define IN_T fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define DECL_ACC ACC_T acc[TM * TN]
+#define ZERO_ACC(t) acc[t] = ACC_T(0.0)
+#define DECL_AB IN_T fa[TM]; IN_T fb
+#define LOAD_A(i, el) coopMatLoadNV(fa[i], Ash, (el), SA, A_COLMAJOR)
+#define LOAD_B(el) coopMatLoadNV(fb, Bsh, (el), SB, B_COLMAJOR)
+#define MMA(i, t) acc[t] = coopMatMulAddNV(fa[i], fb, acc[t])
+#define STORE_TILE(t, el) coopMatStoreNV(acc[t], Csh, (el), 16u, false)
+#define SUBGROUP_ID gl_SubgroupID
+#define LANE gl_SubgroupInvocationID
+#else
+// Virtual subgroups of 32 consecutive invocations. An accumulator is spread over its lanes,
+// 8 elements each (element e of lane L is matrix index L + 32e, row-major); A and B operands
+// are held whole by every lane.
+float half_at(bool fromA, uint h) {  // h: index in halves into Ash / Bsh
+  uint w = fromA ? Ash[h >> 3][(h >> 1) & 3u] : Bsh[h >> 3][(h >> 1) & 3u];
+  return unpackHalf2x16(w)[h & 1u];
+}
+// element (r, c) of a 16x16 tile at chunk `el`: row-major at (el + r*stride)*8 + c,
+// column-major at (el + c*stride)*8 + r
+#define DECL_ACC float acc[TM * TN * 8]
+#define ZERO_ACC(t) [[unroll]] for (uint e_ = 0; e_ < 8u; ++e_) acc[(t) * 8u + e_] = 0.0
+#define DECL_AB float fa[TM * 256]; float fb[256]
+#define LOAD_A(i, el) for (uint r_ = 0; r_ < 16u; ++r_) for (uint c_ = 0; c_ < 16u; ++c_) \
+    fa[(i) * 256u + r_ * 16u + c_] = half_at(true, A_COLMAJOR ? ((el) + c_ * SA) * 8u + r_ : ((el) + r_ * SA) * 8u + c_)
+#define LOAD_B(el) for (uint r_ = 0; r_ < 16u; ++r_) for (uint c_ = 0; c_ < 16u; ++c_) \
+    fb[r_ * 16u + c_] = half_at(false, B_COLMAJOR ? ((el) + c_ * SB) * 8u + r_ : ((el) + r_ * SB) * 8u + c_)
+#define MMA(i, t) for (uint e_ = 0; e_ < 8u; ++e_) { \
+    uint x_ = LANE + 32u * e_; uint r_ = x_ >> 4, c_ = x_ & 15u; float s_ = acc[(t) * 8u + e_]; \
+    for (uint k_ = 0; k_ < 16u; ++k_) s_ += fa[(i) * 256u + r_ * 16u + k_] * fb[k_ * 16u + c_]; \
+    acc[(t) * 8u + e_] = s_; }
+#define STORE_TILE(t, el) for (uint e_ = 0; e_ < 8u; ++e_) Csh[(el) + LANE + 32u * e_] = acc[(t) * 8u + e_]
+#define SUBGROUP_ID (gl_LocalInvocationIndex / 32u)
+#define LANE (gl_LocalInvocationIndex % 32u)
+#endif
+
+void main() {
+  const uint tid = gl_LocalInvocationIndex;
+  const uint sg = SUBGROUP_ID;
+  const uint sgm = sg / WN, sgn = sg % WN;
+  const uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
+  const uint batch = gl_WorkGroupID.z;
+  const uint abase = pc.a_offset + batch * pc.a_stride;
+  const uint bbase = pc.b_offset + batch * pc.b_stride;
+  const uint cbase = pc.c_offset + batch * pc.c_stride;
+  const uint numK = (pc.K + BK - 1u) / BK;
+
+  DECL_ACC;
+  [[unroll]] for (uint t = 0; t < TM * TN; ++t) { ZERO_ACC(t); }
+
+  uvec4 ra[LA], rb[LB];
+  [[unroll]] for (uint i = 0; i < LA; ++i) {
+    uint x = tid + i * NT;
+    ra[i] = x < RA * CA ? load_chunk_a(abase, m0, 0u, x) : uvec4(0);
+  }
+  [[unroll]] for (uint i = 0; i < LB; ++i) {
+    uint x = tid + i * NT;
+    rb[i] = x < RB * CB ? load_chunk_b(bbase, n0, 0u, x) : uvec4(0);
+  }
+  [[unroll]] for (uint i = 0; i < LA; ++i) {
+    uint x = tid + i * NT;
+    if (x < RA * CA) Ash[(x / CA) * SA + x % CA] = ra[i];
+  }
+  [[unroll]] for (uint i = 0; i < LB; ++i) {
+    uint x = tid + i * NT;
+    if (x < RB * CB) Bsh[(x / CB) * SB + x % CB] = rb[i];
+  }
+  barrier();
+
+  uint stage = 0;
+  for (uint kt = 0; kt < numK; ++kt) {
+    const bool more = kt + 1u < numK;
+    if (more) {
+      const uint k0 = (kt + 1u) * BK;
+      [[unroll]] for (uint i = 0; i < LA; ++i) {
+        uint x = tid + i * NT;
+        ra[i] = x < RA * CA ? load_chunk_a(abase, m0, k0, x) : uvec4(0);
+      }
+      [[unroll]] for (uint i = 0; i < LB; ++i) {
+        uint x = tid + i * NT;
+        rb[i] = x < RB * CB ? load_chunk_b(bbase, n0, k0, x) : uvec4(0);
+      }
+    }
+    const uint as = stage * A_STAGE, bs = stage * B_STAGE;
+    [[unroll]] for (uint kk = 0; kk < BK / 16u; ++kk) {
+      DECL_AB;
+      [[unroll]] for (uint i = 0; i < TM; ++i) { LOAD_A(i, as + a_elem((sgm * TM + i) * 16u, kk * 16u)); }
+      [[unroll]] for (uint j = 0; j < TN; ++j) {
+        LOAD_B(bs + b_elem(kk * 16u, (sgn * TN + j) * 16u));
+        [[unroll]] for (uint i = 0; i < TM; ++i) { MMA(i, i * TN + j); }
+      }
+    }
+    if (more) {
+      if (NSTAGES == 1u) {
+        barrier();
+      } else {
+        stage ^= 1u;  // the other stage was last read before the previous barrier
+      }
+      const uint as2 = stage * A_STAGE, bs2 = stage * B_STAGE;
+      [[unroll]] for (uint i = 0; i < LA; ++i) {
+        uint x = tid + i * NT;
+        if (x < RA * CA) Ash[as2 + (x / CA) * SA + x % CA] = ra[i];
+      }
+      [[unroll]] for (uint i = 0; i < LB; ++i) {
+        uint x = tid + i * NT;
+        if (x < RB * CB) Bsh[bs2 + (x / CB) * SB + x % CB] = rb[i];
+      }
+      barrier();
+    }
+  }
+
+  // Epilogue: each accumulator through the subgroup's 16x16 scratch tile, then per element.
+  const uint cm = m0 + sgm * TM * 16u, cn = n0 + sgn * TN * 16u;
+  [[unroll]] for (uint i = 0; i < TM; ++i) {
+    [[unroll]] for (uint j = 0; j < TN; ++j) {
+      barrier();
+      STORE_TILE(i * TN + j, sg * 256u);
+      barrier();
+      [[unroll]] for (uint e = 0; e < 8u; ++e) {
+        const uint x = LANE + 32u * e;
+        const uint m = cm + i * 16u + (x >> 4), n = cn + j * 16u + (x & 15u);
+        if (m < pc.M && n < pc.N) {
+          const uint ci = cbase + m * pc.ldc + n;
+          float v = pc.alpha * Csh[sg * 256u + x];
+          if (pc.beta != 0.0) v += pc.beta * C[ci];
+          C[ci] = v;
+        }
+      }
+    }
+  }
+}

@@ -1,0 +1,196 @@
+#include "ops/gemm.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace forja::ops {
+
+namespace {
+
+// Must match GemmPush in kernels/gemm_common.glsl.
+struct GemmPush {
+  uint32_t m, n, k;
+  uint32_t lda, ldb, ldc;
+  uint32_t a_offset, b_offset, c_offset;
+  uint32_t a_stride, b_stride, c_stride;
+  float alpha, beta;
+};
+
+struct ScalarTile {
+  uint32_t bm, bn, bk, tm, tn;
+};
+struct CoopTile {
+  uint32_t bm, bn, bk, wm, wn, stages;
+};
+
+// Elements of a stored matrix that a product touches, from its first element: the last row
+// starts at (rows-1)*ld and holds `cols` elements; batches add (batch-1)*stride.
+uint64_t span_elements(uint64_t rows, uint64_t cols, uint64_t ld, uint32_t batch, uint64_t stride) {
+  if (rows == 0 || cols == 0) return 0;
+  return (batch - 1) * stride + (rows - 1) * ld + cols;
+}
+
+struct Operand {
+  gpu::Buffer binding;
+  uint32_t offset;  // elements from the binding's start
+};
+
+// A binding that covers `span` elements from element `offset` of `m`, starting at an offset
+// the device accepts; the remainder of the offset goes to the kernel.
+Operand bind(const gpu::Context& ctx, const MatrixView& m, uint64_t offset, uint64_t span) {
+  const uint64_t es = dtype_bytes(m.dtype);
+  const uint64_t align = std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
+  const uint64_t first = offset * es;
+  const uint64_t begin = first / align * align;
+  uint64_t end = std::min<uint64_t>((first + span * es + 15) / 16 * 16, m.buffer.size);
+  if (first + span * es > m.buffer.size)
+    throw std::logic_error("gemm: operand view of " + std::to_string(m.buffer.size) +
+                           " bytes is too small for the product");
+  if (end <= begin) end = std::min<uint64_t>(begin + 16, m.buffer.size);
+  return {m.buffer.slice(begin, end - begin), static_cast<uint32_t>((first - begin) / es)};
+}
+
+bool coopmat_available(const gpu::Context& ctx) {
+  return ctx.info().nv_coopmat_f16_f32_16x16x16 && gpu::PipelineCache::available("gemm_nvcm") &&
+         !gpu::env_flag("FORJA_NO_COOPMAT");
+}
+
+ScalarTile scalar_tile(const gpu::Context& ctx, const GemmShape& s) {
+  if (ctx.info().is_cpu() || s.m < 128 || s.n < 128) return {64, 64, 16, 4, 4};
+  return {128, 128, 8, 8, 8};
+}
+
+CoopTile coop_tile(const GemmShape& s, bool emulated) {
+  // Largest tile that still gives the device enough workgroups to fill it.
+  static const CoopTile candidates[] = {
+      {256, 128, 32, 4, 2, 1}, {128, 256, 32, 2, 4, 1}, {128, 128, 32, 2, 2, 2}, {64, 64, 32, 2, 2, 2}};
+  if (emulated) return {64, 64, 32, 2, 2, 2};
+  const uint64_t want_groups = 120;
+  for (const CoopTile& t : candidates) {
+    uint64_t groups = uint64_t((s.m + t.bm - 1) / t.bm) * ((s.n + t.bn - 1) / t.bn) * s.batch;
+    if (groups >= want_groups || &t == &candidates[3]) return t;
+  }
+  return candidates[3];
+}
+
+uint32_t coop_shared_bytes(const CoopTile& t, bool ta, bool tb) {
+  uint32_t ra = ta ? t.bk : t.bm, ca = (ta ? t.bm : t.bk) / 8;
+  uint32_t rb = tb ? t.bn : t.bk, cb = (tb ? t.bk : t.bn) / 8;
+  return t.stages * (ra * (ca + 1) + rb * (cb + 1)) * 16 + t.wm * t.wn * 256 * 4;
+}
+
+void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, uint64_t a_off, const MatrixView& b,
+                   uint64_t b_off, const MatrixView& c, uint64_t c_off, GemmKernel kernel) {
+  if (s.m == 0 || s.n == 0) return;
+  const uint64_t a_rows = s.trans_a ? s.k : s.m, a_cols = s.trans_a ? s.m : s.k;
+  const uint64_t b_rows = s.trans_b ? s.n : s.k, b_cols = s.trans_b ? s.k : s.n;
+  const uint64_t a_span = span_elements(a_rows, a_cols, a.ld, s.batch, s.a_stride);
+  const uint64_t b_span = span_elements(b_rows, b_cols, b.ld, s.batch, s.b_stride);
+  const uint64_t c_span = span_elements(s.m, s.n, c.ld, s.batch, s.c_stride);
+  const uint64_t range = ctx.info().max_storage_buffer_range - 256;  // room for alignment slack
+  const bool a_big = a_span * dtype_bytes(a.dtype) > range, b_big = b_span * dtype_bytes(b.dtype) > range;
+  const bool c_big = c_span * 4 > range;
+  if (a_big || b_big || c_big) {
+    // Halve the dimension that shrinks the oversized operand; batches first.
+    if (s.batch > 1) {
+      GemmShape h = s;
+      h.batch = s.batch / 2;
+      dispatch_part(ctx, h, a, a_off, b, b_off, c, c_off, kernel);
+      GemmShape r = s;
+      r.batch = s.batch - h.batch;
+      dispatch_part(ctx, r, a, a_off + h.batch * s.a_stride, b, b_off + h.batch * s.b_stride, c,
+                    c_off + h.batch * s.c_stride, kernel);
+      return;
+    }
+    const bool split_m = (a_big || (c_big && s.m >= s.n)) && s.m > 1;
+    if (!split_m && s.n <= 1) throw std::logic_error("gemm: a single row exceeds maxStorageBufferRange");
+    GemmShape h = s, r = s;
+    if (split_m) {
+      h.m = s.m / 2;
+      r.m = s.m - h.m;
+      dispatch_part(ctx, h, a, a_off, b, b_off, c, c_off, kernel);
+      const uint64_t a_step = s.trans_a ? h.m : uint64_t(h.m) * a.ld;
+      dispatch_part(ctx, r, a, a_off + a_step, b, b_off, c, c_off + uint64_t(h.m) * c.ld, kernel);
+    } else {
+      h.n = s.n / 2;
+      r.n = s.n - h.n;
+      dispatch_part(ctx, h, a, a_off, b, b_off, c, c_off, kernel);
+      const uint64_t b_step = s.trans_b ? uint64_t(h.n) * b.ld : h.n;
+      dispatch_part(ctx, r, a, a_off, b, b_off + b_step, c, c_off + h.n, kernel);
+    }
+    return;
+  }
+
+  const Operand oa = bind(ctx, a, a_off, std::max<uint64_t>(a_span, 1));
+  const Operand ob = bind(ctx, b, b_off, std::max<uint64_t>(b_span, 1));
+  const Operand oc = bind(ctx, c, c_off, c_span);
+  GemmPush push{s.m,       s.n,       s.k,       a.ld,
+                b.ld,      c.ld,      oa.offset, ob.offset,
+                oc.offset, static_cast<uint32_t>(s.a_stride), static_cast<uint32_t>(s.b_stride),
+                static_cast<uint32_t>(s.c_stride), s.alpha, s.beta};
+  const double flops = 2.0 * s.m * s.n * s.k * s.batch;
+  std::vector<gpu::Binding> bindings = {{oa.binding, gpu::Access::read},
+                                        {ob.binding, gpu::Access::read},
+                                        {oc.binding, s.beta != 0.0f ? gpu::Access::read_write : gpu::Access::write}};
+
+  if (kernel == GemmKernel::scalar) {
+    const ScalarTile t = scalar_tile(ctx, s);
+    const uint32_t threads = (t.bm / t.tm) * (t.bn / t.tn);
+    const auto& p = ctx.pipelines().get(a.dtype == DType::f16 ? "gemm_f16" : "gemm_f32", 3, sizeof(GemmPush),
+                                        {threads, t.bm, t.bn, t.bk, t.tm, t.tn, s.trans_a, s.trans_b});
+    ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch,
+                 a.dtype == DType::f16 ? "gemm_f16" : "gemm_f32", flops);
+    return;
+  }
+  const bool emulated = kernel == GemmKernel::coopmat_emulated;
+  CoopTile t = coop_tile(s, emulated);
+  while (coop_shared_bytes(t, s.trans_a, s.trans_b) > ctx.info().max_shared_memory && t.bm > 64) t = {64, 64, 32, 2, 2, 2};
+  // Vector loads need every 8-half chunk of the stored rows to be aligned and whole.
+  const uint64_t a_contig = s.trans_a ? s.m : s.k, b_contig = s.trans_b ? s.k : s.n;
+  const bool vec_a = a.ld % 8 == 0 && oa.offset % 8 == 0 && s.a_stride % 8 == 0 && a_contig % 8 == 0;
+  const bool vec_b = b.ld % 8 == 0 && ob.offset % 8 == 0 && s.b_stride % 8 == 0 && b_contig % 8 == 0;
+  const uint32_t threads = t.wm * t.wn * 32;
+  const char* name = emulated ? "gemm_nvcm_emu" : "gemm_nvcm";
+  const auto& p = ctx.pipelines().get(name, 3, sizeof(GemmPush),
+                                      {threads, t.bm, t.bn, t.bk, t.wm, t.wn, t.stages, s.trans_a, s.trans_b,
+                                       vec_a, vec_b});
+  ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, name, flops);
+}
+
+}  // namespace
+
+GemmKernel gemm_kernel_for(const gpu::Context& ctx, DType operands) {
+  return operands == DType::f16 && coopmat_available(ctx) ? GemmKernel::coopmat : GemmKernel::scalar;
+}
+
+std::string gemm_kernel_name(GemmKernel k) {
+  switch (k) {
+    case GemmKernel::automatic: return "automatic";
+    case GemmKernel::scalar: return "scalar";
+    case GemmKernel::coopmat: return "coopmat";
+    case GemmKernel::coopmat_emulated: return "coopmat-emulated";
+  }
+  return "?";
+}
+
+void gemm(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const MatrixView& b, const MatrixView& c,
+          GemmKernel kernel) {
+  if (a.dtype != b.dtype) throw std::logic_error("gemm: A and B must have the same dtype");
+  if (c.dtype != DType::f32) throw std::logic_error("gemm: C must be fp32");
+  if (s.batch == 0) return;
+  const uint64_t a_cols = s.trans_a ? s.m : s.k, b_cols = s.trans_b ? s.k : s.n;
+  if (a.ld < a_cols || b.ld < b_cols || c.ld < s.n)
+    throw std::logic_error("gemm: a leading dimension is smaller than its row length");
+  if (kernel == GemmKernel::automatic) kernel = gemm_kernel_for(ctx, a.dtype);
+  if ((kernel == GemmKernel::coopmat || kernel == GemmKernel::coopmat_emulated) && a.dtype != DType::f16)
+    throw std::logic_error("gemm: the cooperative-matrix kernel takes fp16 operands");
+  if (kernel == GemmKernel::coopmat && !coopmat_available(ctx))
+    throw std::logic_error("gemm: the cooperative-matrix kernel is not available on this device");
+  if (s.k == 0) {
+    // C = beta * C: the scalar kernel handles K = 0 (no K tiles) exactly.
+    kernel = GemmKernel::scalar;
+  }
+  dispatch_part(ctx, s, a, a.offset, b, b.offset, c, c.offset, kernel);
+}
+
+}  // namespace forja::ops

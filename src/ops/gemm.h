@@ -1,0 +1,49 @@
+// GEMM: C = alpha * op(A) * op(B) + beta * C with fp32 accumulation (kernels/gemm*.comp).
+//
+// op(A) is M x K (A stored [M,K], or [K,M] when trans_a); op(B) is K x N (B stored [K,N], or
+// [N,K] when trans_b: y = x W^T for a Linear weight W is trans_b = true). C is fp32 [M,N].
+// Operands are fp32 or fp16 (both the same). Matrices are views: a buffer, an element offset
+// and a leading dimension (row stride in elements), so slices of larger tensors work directly.
+// Operands larger than the device's maxStorageBufferRange are split into several dispatches.
+//
+// Variants: the scalar tiled kernel everywhere; with fp16 operands on a device with
+// GL_NV_cooperative_matrix 16x16x16 (and subgroup 32), the cooperative-matrix kernel.
+// FORJA_NO_COOPMAT=1 turns the latter off (debugging).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "gpu/context.h"
+
+namespace forja::ops {
+
+enum class DType { f32, f16 };
+inline uint32_t dtype_bytes(DType t) { return t == DType::f32 ? 4 : 2; }
+
+// A row-major matrix view.
+struct MatrixView {
+  gpu::Buffer buffer;
+  DType dtype = DType::f32;
+  uint64_t offset = 0;  // elements from the start of `buffer`
+  uint32_t ld = 0;      // row stride in elements
+};
+
+struct GemmShape {
+  uint32_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 0.0f;
+  // Strided batches: batch b uses offsets + b * stride (elements).
+  uint32_t batch = 1;
+  uint64_t a_stride = 0, b_stride = 0, c_stride = 0;
+};
+
+enum class GemmKernel { automatic, scalar, coopmat, coopmat_emulated };
+
+// The kernel `automatic` resolves to for these operand types on this device.
+GemmKernel gemm_kernel_for(const gpu::Context& ctx, DType operands);
+std::string gemm_kernel_name(GemmKernel k);
+
+void gemm(gpu::Context& ctx, const GemmShape& shape, const MatrixView& a, const MatrixView& b, const MatrixView& c,
+          GemmKernel kernel = GemmKernel::automatic);
+
+}  // namespace forja::ops
