@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_batch as MB  # noqa: E402
 import make_model as MM  # noqa: E402
 import model as M  # noqa: E402
+import parity_cases as PC  # noqa: E402
 import reference_run as RR  # noqa: E402
 import safetensors_io as st  # noqa: E402
 
@@ -633,6 +634,22 @@ def test_reference_run_end_to_end():
         if rc == 0 or "contradict" not in err.getvalue():
             raise AssertionError("--lora-rank contradicting the adapter was accepted")
         log(f"losses {losses['losses']}, norms {norms['grad_norms']}")
+
+
+def test_parity_cases_generator():
+    with tempfile.TemporaryDirectory() as d:
+        if PC.main(["--out", d, "--cases", "mistral-subset,qwen3-gqa-bf16", "--steps", "2"]) != 0:
+            raise AssertionError("parity_cases.py failed")
+        for case in ("mistral-subset", "qwen3-gqa-bf16"):
+            with open(os.path.join(d, case, "case.json")) as f:
+                c = json.load(f)
+            with open(os.path.join(d, case, "ref", "run.json")) as f:
+                run = json.load(f)
+            if run["steps"] != 2 or "--model" not in c["reference_run"]:
+                raise AssertionError(f"{case}: case.json/run.json inconsistent")
+        with open(os.path.join(d, "mistral-subset", "ref", "run.json")) as f:
+            if json.load(f)["targets"] != ["q", "v", "down"]:
+                raise AssertionError("mistral-subset targets not applied")
 
 
 # ---------------------------------------------------------------------------------------------
