@@ -1,0 +1,731 @@
+// Byte-level BPE from tokenizer.json; see tokenizer.h for the pipeline and docs/formats.md 5.1.
+#include "data/tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <sstream>
+#include <unordered_map>
+
+#include "data/utf8.h"
+#include "util/error.h"
+
+namespace forja::data {
+namespace {
+
+using nlohmann::json;
+
+// Hash for heterogeneous lookup of std::string keys by std::string_view.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+template <typename V>
+using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
+
+// GPT-2's bytes_to_unicode: printable bytes map to themselves, the other 68 to U+0100 onwards.
+std::array<char32_t, 256> bytes_to_unicode() {
+  std::array<char32_t, 256> map{};
+  std::array<bool, 256> direct{};
+  for (int b = 0x21; b <= 0x7E; ++b) direct[b] = true;
+  for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
+  for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
+  char32_t next = 0x100;
+  for (int b = 0; b < 256; ++b) map[b] = direct[b] ? char32_t(b) : next++;
+  return map;
+}
+
+// Open-addressing map from a pair of token ids to (merge rank, merged id).
+class PairMap {
+ public:
+  struct Entry {
+    uint64_t key;
+    int32_t rank;
+    int32_t merged;
+  };
+  void build(size_t n) {
+    size_t cap = 16;
+    while (cap < n * 2) cap <<= 1;
+    slots_.assign(cap, Entry{kEmpty, 0, 0});
+    mask_ = cap - 1;
+  }
+  // Later entries overwrite earlier ones, as the `tokenizers` HashMap built from merges does.
+  void put(int32_t a, int32_t b, int32_t rank, int32_t merged) {
+    const uint64_t key = make_key(a, b);
+    size_t i = slot(key);
+    while (slots_[i].key != kEmpty && slots_[i].key != key) i = (i + 1) & mask_;
+    slots_[i] = Entry{key, rank, merged};
+  }
+  const Entry* find(int32_t a, int32_t b) const {
+    const uint64_t key = make_key(a, b);
+    size_t i = slot(key);
+    while (true) {
+      const Entry& e = slots_[i];
+      if (e.key == key) return &e;
+      if (e.key == kEmpty) return nullptr;
+      i = (i + 1) & mask_;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};
+  static uint64_t make_key(int32_t a, int32_t b) {
+    return (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
+  }
+  size_t slot(uint64_t key) const { return size_t((key * 0x9E3779B97F4A7C15ull) >> 20) & mask_; }
+  std::vector<Entry> slots_;
+  size_t mask_ = 0;
+};
+
+struct Pcre2CodeDeleter {
+  void operator()(pcre2_code* c) const { pcre2_code_free(c); }
+};
+struct Pcre2MatchDataDeleter {
+  void operator()(pcre2_match_data* m) const { pcre2_match_data_free(m); }
+};
+
+// GPT-2's pattern, used by ByteLevel when its use_regex is true.
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+bool is_ascii_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+bool is_word_byte(unsigned char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
+         c >= 0x80;
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw UserError(path.string() + ": cannot open the file; check the path and permissions");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  std::string origin;
+  TokenizerConfig config;
+
+  // Vocabulary.
+  StringMap<int32_t> vocab;               // model.vocab, mapped alphabet
+  std::vector<std::string> id_to_token;   // [vocab_size]: vocab string or added content
+  std::vector<std::string> id_to_bytes;   // [vocab_size]: what decode emits for the id
+  std::vector<uint8_t> id_flags;          // [vocab_size]: 1 used, 2 added, 4 special
+  int32_t vocab_size = 0;
+  std::array<int32_t, 256> byte_id{};     // id of each byte's single symbol
+  std::array<std::string, 256> byte_str;  // each byte's symbol as UTF-8
+  PairMap merges;
+  bool ignore_merges = false;
+
+  // Added tokens, matched leftmost-longest on the raw text.
+  std::vector<AddedToken> added;
+  StringMap<size_t> added_by_content;
+  std::array<bool, 256> added_first_byte{};
+  std::vector<size_t> added_lengths;  // distinct content lengths, longest first
+
+  bool nfc = false;
+  bool prefix_space = false;  // ByteLevel add_prefix_space (only with its own regex)
+  std::unique_ptr<pcre2_code, Pcre2CodeDeleter> regex;
+
+  // Piece -> ids cache (ids stored in one arena).
+  mutable std::mutex cache_mutex;
+  mutable StringMap<std::pair<uint32_t, uint32_t>> cache;
+  mutable std::vector<int32_t> cache_ids;
+
+  void parse(const json& j);
+  void parse_pre_tokenizer(const json& p);
+  void compile_regex(const std::string& pattern);
+  void encode_segment(std::string_view text, std::vector<int32_t>& out,
+                      pcre2_match_data* md) const;
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+  std::string where(const std::string& field) const { return origin + ": " + field; }
+};
+
+void Tokenizer::Impl::compile_regex(const std::string& pattern) {
+  int err = 0;
+  PCRE2_SIZE off = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &err, &off, nullptr);
+  if (!code) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    throw UserError(where("pre_tokenizer Split pattern") + ": the regex does not compile at offset " +
+                    std::to_string(off) + " (" + reinterpret_cast<char*>(msg) +
+                    "); this tokenizer.json is not supported");
+  }
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is absent
+  regex.reset(code);
+}
+
+void Tokenizer::Impl::parse_pre_tokenizer(const json& p) {
+  const std::string fix =
+      "; forja supports byte-level BPE tokenizers whose pre_tokenizer is ByteLevel or "
+      "Sequence[Split(Regex, Isolated), ByteLevel] (Qwen2/2.5/3, Llama 3)";
+  if (!p.is_object()) throw UserError(where("pre_tokenizer") + ": missing" + fix);
+  const std::string type = p.value("type", "");
+  std::vector<json> steps;
+  if (type == "Sequence") {
+    for (const auto& s : p.at("pretokenizers")) steps.push_back(s);
+  } else {
+    steps.push_back(p);
+  }
+  bool byte_level = false;
+  std::string pattern;
+  for (const auto& s : steps) {
+    const std::string t = s.value("type", "");
+    if (t == "Split") {
+      if (!pattern.empty() || byte_level)
+        throw UserError(where("pre_tokenizer") + ": more than one splitting step" + fix);
+      if (s.value("behavior", "") != "Isolated" || s.value("invert", false))
+        throw UserError(where("pre_tokenizer Split") + ": behavior must be Isolated, invert false" +
+                        fix);
+      const json& pat = s.at("pattern");
+      if (pat.contains("Regex")) {
+        pattern = pat.at("Regex").get<std::string>();
+      } else if (pat.contains("String")) {
+        pattern = "\\Q" + pat.at("String").get<std::string>() + "\\E";
+      } else {
+        throw UserError(where("pre_tokenizer Split pattern") + ": neither Regex nor String" + fix);
+      }
+    } else if (t == "ByteLevel") {
+      byte_level = true;
+      if (s.value("use_regex", true)) {
+        if (!pattern.empty())
+          throw UserError(where("pre_tokenizer ByteLevel") + ": use_regex after a Split" + fix);
+        pattern = kGpt2Pattern;
+        prefix_space = s.value("add_prefix_space", false);
+      } else if (s.value("add_prefix_space", false)) {
+        throw UserError(where("pre_tokenizer ByteLevel") + ": add_prefix_space without use_regex" +
+                        fix);
+      }
+    } else {
+      throw UserError(where("pre_tokenizer") + ": step type \"" + t + "\" is not supported" + fix);
+    }
+  }
+  if (!byte_level) throw UserError(where("pre_tokenizer") + ": no ByteLevel step" + fix);
+  if (pattern.empty()) throw UserError(where("pre_tokenizer") + ": no splitting regex" + fix);
+  compile_regex(pattern);
+}
+
+void Tokenizer::Impl::parse(const json& j) {
+  if (!j.is_object()) throw UserError(origin + ": not a JSON object; expected a tokenizer.json");
+  // Normalizer: none or NFC.
+  const json& norm = j.contains("normalizer") ? j.at("normalizer") : json();
+  if (norm.is_object()) {
+    const std::string t = norm.value("type", "");
+    if (t == "NFC") {
+      nfc = true;
+    } else if (t == "Sequence" && norm.at("normalizers").empty()) {
+    } else if (t == "Sequence" && norm.at("normalizers").size() == 1 &&
+               norm.at("normalizers")[0].value("type", "") == "NFC") {
+      nfc = true;
+    } else {
+      throw UserError(where("normalizer") + ": type \"" + t +
+                      "\" is not supported; forja supports none or NFC");
+    }
+  } else if (!norm.is_null()) {
+    throw UserError(where("normalizer") + ": expected an object or null");
+  }
+  parse_pre_tokenizer(j.contains("pre_tokenizer") ? j.at("pre_tokenizer") : json());
+
+  const json& model = j.at("model");
+  if (model.value("type", "BPE") != "BPE")
+    throw UserError(where("model.type") + ": \"" + model.value("type", "") +
+                    "\" is not supported; forja reads byte-level BPE tokenizers only");
+  auto empty_or_null = [&](const char* key) {
+    return !model.contains(key) || model.at(key).is_null() ||
+           (model.at(key).is_string() && model.at(key).get<std::string>().empty());
+  };
+  if (!empty_or_null("continuing_subword_prefix") || !empty_or_null("end_of_word_suffix"))
+    throw UserError(where("model") +
+                    ": continuing_subword_prefix/end_of_word_suffix are not supported");
+  if (model.value("byte_fallback", false))
+    throw UserError(where("model.byte_fallback") + ": true is not supported (not a byte-level BPE)");
+  if (model.contains("dropout") && !model.at("dropout").is_null() &&
+      model.at("dropout").get<double>() != 0.0)
+    throw UserError(where("model.dropout") + ": BPE dropout is not supported; set it to null");
+  ignore_merges = model.value("ignore_merges", false);
+
+  // Vocabulary.
+  const json& v = model.at("vocab");
+  if (!v.is_object() || v.empty()) throw UserError(where("model.vocab") + ": missing or empty");
+  vocab.reserve(v.size() * 2);
+  int32_t max_id = -1;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const int64_t id = it.value().get<int64_t>();
+    if (id < 0 || id > INT32_MAX / 2)
+      throw UserError(where("model.vocab") + ": id " + std::to_string(id) + " of \"" + it.key() +
+                      "\" is out of range");
+    vocab.emplace(it.key(), int32_t(id));
+    max_id = std::max(max_id, int32_t(id));
+  }
+  const json& added_json = j.contains("added_tokens") ? j.at("added_tokens") : json::array();
+  for (const auto& a : added_json) {
+    AddedToken t;
+    t.id = a.at("id").get<int32_t>();
+    t.content = a.at("content").get<std::string>();
+    t.special = a.value("special", false);
+    t.lstrip = a.value("lstrip", false);
+    t.rstrip = a.value("rstrip", false);
+    t.single_word = a.value("single_word", false);
+    t.normalized = a.value("normalized", false);
+    if (t.id < 0 || t.id > INT32_MAX / 2 || t.content.empty())
+      throw UserError(where("added_tokens") + ": entry with id " + std::to_string(t.id) +
+                      " has a bad id or empty content");
+    max_id = std::max(max_id, t.id);
+    added.push_back(std::move(t));
+  }
+  vocab_size = max_id + 1;
+  id_to_token.assign(size_t(vocab_size), std::string());
+  id_flags.assign(size_t(vocab_size), 0);
+  for (const auto& [tok, id] : vocab) {
+    id_to_token[size_t(id)] = tok;
+    id_flags[size_t(id)] |= 1;
+  }
+  for (size_t i = 0; i < added.size(); ++i) {
+    const AddedToken& t = added[i];
+    id_to_token[size_t(t.id)] = t.content;
+    id_flags[size_t(t.id)] |= 1 | 2 | (t.special ? 4 : 0);
+    added_by_content[t.content] = i;
+    added_first_byte[uint8_t(t.content[0])] = true;
+    if (std::find(added_lengths.begin(), added_lengths.end(), t.content.size()) ==
+        added_lengths.end())
+      added_lengths.push_back(t.content.size());
+  }
+  std::sort(added_lengths.rbegin(), added_lengths.rend());
+
+  // Byte alphabet.
+  const auto b2u = bytes_to_unicode();
+  std::unordered_map<char32_t, uint8_t> u2b;
+  for (int b = 0; b < 256; ++b) {
+    byte_str[b].clear();
+    utf8_append(byte_str[b], b2u[b]);
+    u2b[b2u[b]] = uint8_t(b);
+    auto it = vocab.find(byte_str[b]);
+    if (it == vocab.end())
+      throw UserError(where("model.vocab") + ": the byte symbol \"" + byte_str[b] + "\" (byte " +
+                      std::to_string(b) + ") is missing; not a byte-level BPE vocabulary");
+    byte_id[b] = it->second;
+  }
+
+  // What decode emits per id: the ByteLevel decoder maps each character back to its byte; a
+  // token holding a character outside the byte alphabet is emitted as its raw UTF-8 instead.
+  id_to_bytes.assign(size_t(vocab_size), std::string());
+  for (int32_t id = 0; id < vocab_size; ++id) {
+    const std::string& s = id_to_token[size_t(id)];
+    std::string bytes;
+    bool all_mapped = true;
+    for (size_t i = 0; i < s.size();) {
+      utf8proc_int32_t cp = 0;
+      const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
+                                      utf8proc_ssize_t(s.size() - i), &cp);
+      if (n <= 0) {
+        all_mapped = false;
+        break;
+      }
+      auto it = u2b.find(char32_t(cp));
+      if (it == u2b.end()) {
+        all_mapped = false;
+        break;
+      }
+      bytes.push_back(char(it->second));
+      i += size_t(n);
+    }
+    id_to_bytes[size_t(id)] = all_mapped ? bytes : s;
+  }
+
+  // Merges, in either serialisation: "a b" (tokenizers < 0.20) or ["a", "b"].
+  const json& m = model.at("merges");
+  if (!m.is_array()) throw UserError(where("model.merges") + ": expected an array");
+  merges.build(m.size());
+  std::string a, b;
+  for (size_t rank = 0; rank < m.size(); ++rank) {
+    const json& e = m[rank];
+    if (e.is_string()) {
+      const std::string& s = e.get_ref<const std::string&>();
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+        throw UserError(where("model.merges[" + std::to_string(rank) + "]") + ": \"" + s +
+                        "\" is not two symbols separated by one space");
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+      a = e[0].get<std::string>();
+      b = e[1].get<std::string>();
+    } else {
+      throw UserError(where("model.merges[" + std::to_string(rank) + "]") +
+                      ": expected \"a b\" or [\"a\", \"b\"]");
+    }
+    auto ia = vocab.find(a), ib = vocab.find(b), im = vocab.find(a + b);
+    if (ia == vocab.end() || ib == vocab.end() || im == vocab.end())
+      throw UserError(where("model.merges[" + std::to_string(rank) + "]") + ": \"" + a + "\" + \"" +
+                      b + "\" uses a symbol missing from model.vocab");
+    merges.put(ia->second, ib->second, int32_t(rank), im->second);
+  }
+}
+
+void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) const {
+  const size_t n = piece.size();
+  if (n == 1) {
+    out.push_back(byte_id[uint8_t(piece[0])]);
+    return;
+  }
+  constexpr int32_t kNone = INT32_MAX;
+  if (n <= 128) {
+    // Short pieces: keep the rank of each adjacent pair, merge the lowest (leftmost on ties).
+    int32_t ids[128], ranks[128], merged[128];
+    size_t len = n;
+    for (size_t i = 0; i < n; ++i) ids[i] = byte_id[uint8_t(piece[i])];
+    auto rank_at = [&](size_t i) {
+      const PairMap::Entry* e = merges.find(ids[i], ids[i + 1]);
+      ranks[i] = e ? e->rank : kNone;
+      merged[i] = e ? e->merged : -1;
+    };
+    for (size_t i = 0; i + 1 < len; ++i) rank_at(i);
+    while (len > 1) {
+      size_t best = 0;
+      int32_t best_rank = kNone;
+      for (size_t i = 0; i + 1 < len; ++i)
+        if (ranks[i] < best_rank) best_rank = ranks[i], best = i;
+      if (best_rank == kNone) break;
+      ids[best] = merged[best];
+      for (size_t i = best + 1; i + 1 < len; ++i) {
+        ids[i] = ids[i + 1];
+        ranks[i] = ranks[i + 1];
+        merged[i] = merged[i + 1];
+      }
+      --len;
+      if (best > 0) rank_at(best - 1);
+      if (best + 1 < len) rank_at(best);
+    }
+    out.insert(out.end(), ids, ids + len);
+    return;
+  }
+  // Long pieces: a heap of candidate merges over a linked list of symbols (as tokenizers'
+  // Word::merge_all), O(n log n).
+  struct Sym {
+    int32_t id;
+    int32_t prev, next;
+    bool alive;
+  };
+  std::vector<Sym> sym(n);
+  for (size_t i = 0; i < n; ++i)
+    sym[i] = Sym{byte_id[uint8_t(piece[i])], int32_t(i) - 1, i + 1 < n ? int32_t(i + 1) : -1, true};
+  struct Cand {
+    int32_t rank, pos, merged;
+    bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> heap;
+  auto push = [&](int32_t pos) {
+    const int32_t nx = sym[size_t(pos)].next;
+    if (nx < 0) return;
+    if (const PairMap::Entry* e = merges.find(sym[size_t(pos)].id, sym[size_t(nx)].id))
+      heap.push(Cand{e->rank, pos, e->merged});
+  };
+  for (size_t i = 0; i + 1 < n; ++i) push(int32_t(i));
+  while (!heap.empty()) {
+    const Cand c = heap.top();
+    heap.pop();
+    Sym& s = sym[size_t(c.pos)];
+    if (!s.alive || s.next < 0) continue;
+    Sym& nx = sym[size_t(s.next)];
+    const PairMap::Entry* e = merges.find(s.id, nx.id);
+    if (!e || e->merged != c.merged || e->rank != c.rank) continue;  // stale candidate
+    s.id = c.merged;
+    nx.alive = false;
+    s.next = nx.next;
+    if (s.next >= 0) sym[size_t(s.next)].prev = c.pos;
+    if (s.prev >= 0) push(s.prev);
+    push(c.pos);
+  }
+  for (int32_t i = 0; i >= 0; i = sym[size_t(i)].next) out.push_back(sym[size_t(i)].id);
+}
+
+void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+  constexpr size_t kMaxCached = 64;
+  const bool cacheable = piece.size() <= kMaxCached;
+  if (cacheable) {
+    std::lock_guard lock(cache_mutex);
+    auto it = cache.find(piece);
+    if (it != cache.end()) {
+      out.insert(out.end(), cache_ids.begin() + it->second.first,
+                 cache_ids.begin() + it->second.first + it->second.second);
+      return;
+    }
+  }
+  const size_t start = out.size();
+  bool done = false;
+  if (ignore_merges) {
+    std::string mapped;
+    mapped.reserve(piece.size() * 2);
+    for (char c : piece) mapped += byte_str[uint8_t(c)];
+    auto it = vocab.find(mapped);
+    if (it != vocab.end()) {
+      out.push_back(it->second);
+      done = true;
+    }
+  }
+  if (!done) bpe(piece, out);
+  if (cacheable) {
+    std::lock_guard lock(cache_mutex);
+    if (cache.size() >= (1u << 20) || cache_ids.size() >= (1u << 24)) {
+      cache.clear();
+      cache_ids.clear();
+    }
+    const auto off = uint32_t(cache_ids.size());
+    cache_ids.insert(cache_ids.end(), out.begin() + ptrdiff_t(start), out.end());
+    cache.emplace(std::string(piece), std::make_pair(off, uint32_t(out.size() - start)));
+  }
+}
+
+void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<int32_t>& out,
+                                     pcre2_match_data* md) const {
+  if (text.empty()) return;
+  // NFC. Text whose code points are all below U+0300 (no lead byte >= 0xCC) is already NFC.
+  std::string normalized_storage;
+  utf8proc_uint8_t* nfc_buf = nullptr;
+  if (nfc) {
+    bool may_change = false;
+    for (char c : text)
+      if (uint8_t(c) >= 0xCC) {
+        may_change = true;
+        break;
+      }
+    if (may_change) {
+      const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                    utf8proc_ssize_t(text.size()), &nfc_buf,
+                                    utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+      if (len < 0) throw UserError(origin + ": NFC normalisation failed: " +
+                                   utf8proc_errmsg(len) + "; the text is not valid UTF-8");
+      normalized_storage.assign(reinterpret_cast<char*>(nfc_buf), size_t(len));
+      std::free(nfc_buf);
+      text = normalized_storage;
+    }
+  }
+  std::string prefixed;
+  if (prefix_space && text.front() != ' ') {
+    prefixed = " " + std::string(text);
+    text = prefixed;
+  }
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  size_t pos = 0;  // end of the last piece emitted
+  size_t at = 0;   // where to search from
+  while (at < text.size()) {
+    const int rc = pcre2_match(regex.get(), subject, text.size(), at, PCRE2_NO_UTF_CHECK, md,
+                               nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof msg);
+      throw std::runtime_error(origin + ": pre-tokenizer regex failed: " +
+                               reinterpret_cast<char*>(msg));
+    }
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    size_t s = ov[0], e = ov[1];
+    if (e == s) {  // empty match: step one character (the patterns in use never do this)
+      at = e + std::max<size_t>(1, utf8_sequence_length(text, e));
+      continue;
+    }
+    if (s > pos) encode_piece(text.substr(pos, s - pos), out);  // gap: Isolated keeps it
+    encode_piece(text.substr(s, e - s), out);
+    pos = at = e;
+  }
+  if (pos < text.size()) encode_piece(text.substr(pos), out);
+}
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::string& origin) {
+  auto impl = std::make_unique<Impl>();
+  impl->origin = origin;
+  json j;
+  try {
+    j = json::parse(tokenizer_json);
+  } catch (const json::parse_error& e) {
+    throw UserError(origin + ": not valid JSON (" + e.what() +
+                    "); expected a Hugging Face tokenizer.json");
+  }
+  try {
+    impl->parse(j);
+  } catch (const json::exception& e) {
+    throw UserError(origin + ": unexpected structure (" + e.what() +
+                    "); expected a Hugging Face tokenizer.json of a byte-level BPE model");
+  }
+  return Tokenizer(std::move(impl));
+}
+
+namespace {
+std::optional<std::string> token_field(const json& cfg, const char* key) {
+  if (!cfg.contains(key) || cfg.at(key).is_null()) return std::nullopt;
+  const json& v = cfg.at(key);
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v.at("content").is_string())
+    return v.at("content").get<std::string>();
+  return std::nullopt;
+}
+}  // namespace
+
+Tokenizer Tokenizer::load(const std::filesystem::path& model_dir_or_file) {
+  namespace fs = std::filesystem;
+  fs::path file = model_dir_or_file;
+  std::error_code ec;
+  if (fs::is_directory(file, ec)) file /= "tokenizer.json";
+  if (!fs::exists(file, ec))
+    throw UserError(file.string() +
+                    ": not found; give the model directory that holds tokenizer.json (as "
+                    "downloaded from the Hugging Face hub)");
+  Tokenizer t = from_json(read_file(file), file.string());
+  const fs::path cfg_path = file.parent_path() / "tokenizer_config.json";
+  if (fs::exists(cfg_path, ec)) {
+    json cfg;
+    try {
+      cfg = json::parse(read_file(cfg_path));
+    } catch (const json::parse_error& e) {
+      throw UserError(cfg_path.string() + ": not valid JSON (" + e.what() + ")");
+    }
+    TokenizerConfig& c = t.impl_->config;
+    c.path = cfg_path.string();
+    c.bos_token = token_field(cfg, "bos_token");
+    c.eos_token = token_field(cfg, "eos_token");
+    c.pad_token = token_field(cfg, "pad_token");
+    if (cfg.contains("add_bos_token") && cfg.at("add_bos_token").is_boolean())
+      c.add_bos_token = cfg.at("add_bos_token").get<bool>();
+    if (cfg.contains("add_eos_token") && cfg.at("add_eos_token").is_boolean())
+      c.add_eos_token = cfg.at("add_eos_token").get<bool>();
+    if (cfg.contains("chat_template")) {
+      const json& ct = cfg.at("chat_template");
+      if (ct.is_string()) {
+        c.chat_template = ct.get<std::string>();
+      } else if (ct.is_array()) {  // [{"name": "default", "template": ...}, ...]
+        for (const auto& e : ct)
+          if (e.value("name", "") == "default") c.chat_template = e.value("template", "");
+      }
+    }
+    for (const auto* tok : {&c.bos_token, &c.eos_token, &c.pad_token})
+      if (*tok && !t.token_id(**tok))
+        throw UserError(cfg_path.string() + ": token \"" + **tok +
+                        "\" is not in the vocabulary of " + file.string() +
+                        "; the two files do not belong together");
+  }
+  return t;
+}
+
+void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out) const {
+  const Impl& im = *impl_;
+  if (const size_t bad = utf8_first_invalid(text); bad != std::string_view::npos)
+    throw UserError("text is not valid UTF-8 (byte " + std::to_string(bad) +
+                    "); fix the encoding of the input");
+  std::unique_ptr<pcre2_match_data, Pcre2MatchDataDeleter> md(
+      pcre2_match_data_create_from_pattern(im.regex.get(), nullptr));
+  if (im.added.empty()) {
+    im.encode_segment(text, out, md.get());
+    return;
+  }
+  // Cut out added tokens: at the leftmost position where one matches, the longest one.
+  size_t seg_start = 0, i = 0;
+  const size_t n = text.size();
+  while (i < n) {
+    if (!im.added_first_byte[uint8_t(text[i])]) {
+      ++i;
+      continue;
+    }
+    const AddedToken* hit = nullptr;
+    size_t hit_len = 0;
+    for (size_t len : im.added_lengths) {
+      if (i + len > n) continue;
+      auto it = im.added_by_content.find(text.substr(i, len));
+      if (it != im.added_by_content.end()) {
+        hit = &im.added[it->second];
+        hit_len = len;
+        break;
+      }
+    }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    size_t s = i, e = i + hit_len;
+    if (hit->single_word && ((s > 0 && is_word_byte(uint8_t(text[s - 1]))) ||
+                             (e < n && is_word_byte(uint8_t(text[e]))))) {
+      i = e;  // not a whole word: leave it to the BPE
+      continue;
+    }
+    if (hit->lstrip)
+      while (s > seg_start && is_ascii_space(text[s - 1])) --s;
+    if (hit->rstrip)
+      while (e < n && is_ascii_space(text[e])) ++e;
+    im.encode_segment(text.substr(seg_start, s - seg_start), out, md.get());
+    out.push_back(hit->id);
+    seg_start = i = e;
+  }
+  im.encode_segment(text.substr(seg_start), out, md.get());
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> out;
+  out.reserve(text.size() / 3 + 4);
+  encode_append(text, out);
+  return out;
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
+  std::string bytes;
+  for (int32_t id : ids) {
+    if (id < 0 || id >= impl_->vocab_size || !(impl_->id_flags[size_t(id)] & 1))
+      throw UserError("token id " + std::to_string(id) + " is not in the vocabulary of " +
+                      impl_->origin + " (ids 0.." + std::to_string(impl_->vocab_size - 1) + ")");
+    if (skip_special && (impl_->id_flags[size_t(id)] & 4)) continue;
+    bytes += impl_->id_to_bytes[size_t(id)];
+  }
+  return utf8_lossy(bytes);
+}
+
+std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
+  if (auto it = impl_->added_by_content.find(token); it != impl_->added_by_content.end())
+    return impl_->added[it->second].id;
+  if (auto it = impl_->vocab.find(token); it != impl_->vocab.end()) return it->second;
+  return std::nullopt;
+}
+
+const std::string& Tokenizer::token_text(int32_t id) const {
+  if (id < 0 || id >= impl_->vocab_size)
+    throw UserError("token id " + std::to_string(id) + " is outside the vocabulary of " +
+                    impl_->origin);
+  return impl_->id_to_token[size_t(id)];
+}
+
+int32_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
+bool Tokenizer::is_special(int32_t id) const {
+  return id >= 0 && id < impl_->vocab_size && (impl_->id_flags[size_t(id)] & 4);
+}
+const std::vector<AddedToken>& Tokenizer::added_tokens() const { return impl_->added; }
+const TokenizerConfig& Tokenizer::config() const { return impl_->config; }
+const std::string& Tokenizer::origin() const { return impl_->origin; }
+
+std::optional<int32_t> Tokenizer::bos_id() const {
+  return impl_->config.bos_token ? token_id(*impl_->config.bos_token) : std::nullopt;
+}
+std::optional<int32_t> Tokenizer::eos_id() const {
+  return impl_->config.eos_token ? token_id(*impl_->config.eos_token) : std::nullopt;
+}
+std::optional<int32_t> Tokenizer::pad_id() const {
+  return impl_->config.pad_token ? token_id(*impl_->config.pad_token) : std::nullopt;
+}
+
+}  // namespace forja::data
