@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare as CMP  # noqa: E402
 import make_batch as MB  # noqa: E402
 import make_model as MM  # noqa: E402
 import model as M  # noqa: E402
@@ -650,6 +651,23 @@ def test_parity_cases_generator():
         with open(os.path.join(d, "mistral-subset", "ref", "run.json")) as f:
             if json.load(f)["targets"] != ["q", "v", "down"]:
                 raise AssertionError("mistral-subset targets not applied")
+        # compare.py: identical files pass; a gradient off by 1e-3 relative and a shifted loss fail.
+        ref = os.path.join(d, "mistral-subset", "ref")
+        g_ref, l_ref = os.path.join(ref, "step0_grads.safetensors"), os.path.join(ref, "losses.json")
+        if CMP.main(["--grads", g_ref, g_ref, "--losses", l_ref, l_ref]) != 0:
+            raise AssertionError("compare.py rejects identical outputs")
+        g = st.load_file(g_ref)
+        k = sorted(g)[0]
+        g[k] = g[k] + 1e-3 * g[k].abs().max()
+        g_bad = os.path.join(d, "bad.safetensors")
+        st.save_file(g, g_bad)
+        l_bad = os.path.join(d, "bad.json")
+        with open(l_ref) as f:
+            losses = json.load(f)["losses"]
+        with open(l_bad, "w") as f:
+            json.dump([losses[0], losses[1] * (1 + 2e-4)], f)
+        if CMP.main(["--grads", g_ref, g_bad]) == 0 or CMP.main(["--losses", l_ref, l_bad]) == 0:
+            raise AssertionError("compare.py accepts outputs outside tolerance")
 
 
 # ---------------------------------------------------------------------------------------------
