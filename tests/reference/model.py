@@ -129,6 +129,15 @@ class ModelConfig:
             elif rt not in ("llama3", "linear"):
                 raise ValueError(f"config.json: rope type {rt!r} not supported by the reference")
 
+        # The forward below hard-codes SwiGLU with SiLU and full-width RoPE: refuse anything else
+        # rather than silently computing a different model.
+        act = c.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"config.json: hidden_act {act!r} not supported (only 'silu')")
+        prf = c.get("partial_rotary_factor", rp.get("partial_rotary_factor", 1.0))
+        if prf not in (None, 1, 1.0):
+            raise ValueError(f"config.json: partial_rotary_factor {prf} not supported (only 1.0)")
+
         attn_bias = bool(c.get("attention_bias", False))
         if mt == "qwen2":
             qkv_bias, o_bias = True, False  # hard-coded in Qwen2Attention

@@ -502,6 +502,36 @@ def test_features_are_used():
         raise AssertionError("llama attention_bias not honoured")
 
 
+def test_config_parsing():
+    base = MM.make_config("qwen3")
+    c = M.ModelConfig.from_dict(base)
+    if (c.head_dim, c.num_kv_heads, c.rope_theta, c.rms_norm_eps, c.qk_norm) != (16, 1, 1e6, 1e-6, True):
+        raise AssertionError(f"qwen3 config parsed wrongly: {c}")
+    q2 = M.ModelConfig.from_dict(MM.make_config("qwen2"))
+    if "head_dim" in MM.make_config("qwen2") or q2.head_dim != 16 or not q2.qkv_bias or q2.o_bias:
+        raise AssertionError("qwen2: head_dim must default to H/heads, q/k/v biased, o not")
+    nokv = dict(base)
+    del nokv["num_key_value_heads"]
+    if M.ModelConfig.from_dict(nokv).num_kv_heads != 3:
+        raise AssertionError("missing num_key_value_heads must default to num_attention_heads")
+    for bad in (dict(base, hidden_act="gelu"), dict(base, model_type="gpt2"), dict(base, partial_rotary_factor=0.5),
+                dict(base, rope_scaling={"rope_type": "yarn", "factor": 4.0}), dict(base, num_key_value_heads=2)):
+        try:
+            M.ModelConfig.from_dict(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"unsupported config accepted: {[k for k in bad if bad[k] != base.get(k)]}")
+    # An active sliding window that would bite is refused, not silently ignored.
+    sw = M.ModelConfig.from_dict(dict(MM.make_config("mistral"), sliding_window=4))
+    m = M.BaseModel(sw, MM.make_weights(sw, 1))
+    try:
+        M.forward(m, torch.tensor([[1, 2, 3, 4, 5, 6]]))
+    except NotImplementedError:
+        pass
+    else:
+        raise AssertionError("sliding window shorter than the sequence accepted")
+
+
 def test_lora_scale_and_targets():
     model, _ = tiny("llama")
     ids = torch.tensor([[7, 8, 9, 10, 11]])
