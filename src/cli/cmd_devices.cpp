@@ -10,7 +10,8 @@ forja::cli::CommandRegistration reg{"devices", 10, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("devices", "List Vulkan devices, their capabilities, and which forja would use");
   auto device = std::make_shared<int>(-1);
   cmd->add_option("--device", *device, "Device index to mark as chosen (default: FORJA_DEVICE, else automatic)");
-  return [device]() -> int {
+  return [device, cmd]() -> int {
+    if (!cmd->parsed()) return -1;
     forja::gpu::Instance instance(forja::gpu::env_flag("FORJA_VALIDATE"));
     const uint32_t chosen = instance.choose(*device);
     for (const auto& d : instance.devices()) std::printf("%s", d.describe().c_str());

@@ -4,7 +4,7 @@
 //   static forja::cli::CommandRegistration reg{"inspect", 30, [](CLI::App& app) {
 //     auto* cmd = app.add_subcommand("inspect", "...");
 //     ... options ...
-//     return [=]() -> int { ...; return 0; };   // run when the subcommand was chosen
+//     return [=]() -> int { if (!cmd->parsed()) return -1; ...; return 0; };
 //   }};
 //
 // Throw forja::UserError for bad input: main prints "forja: <message>" and exits 2.
@@ -17,6 +17,7 @@
 
 namespace forja::cli {
 
+// Returns the exit code, or -1 when its subcommand was not the one on the command line.
 using CommandRun = std::function<int()>;
 using CommandSetup = std::function<CommandRun(CLI::App& app)>;
 

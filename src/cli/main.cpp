@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
-#include <map>
 
 #include "cli/command.h"
 #include "util/error.h"
@@ -25,8 +24,8 @@ int main(int argc, char** argv) {
   auto& registry = command_registry();
   std::sort(registry.begin(), registry.end(),
             [](const CommandEntry& a, const CommandEntry& b) { return a.order < b.order; });
-  std::map<std::string, CommandRun> runs;
-  for (auto& entry : registry) runs[entry.name] = entry.setup(app);
+  std::vector<CommandRun> runs;
+  for (auto& entry : registry) runs.push_back(entry.setup(app));
 
   try {
     app.parse(argc, argv);
@@ -42,9 +41,10 @@ int main(int argc, char** argv) {
   }
 
   try {
-    for (auto* sub : app.get_subcommands()) {
-      auto it = runs.find(sub->get_name());
-      if (it != runs.end()) return it->second();
+    // Each run returns -1 when its (sub)command was not the one chosen.
+    for (auto& run : runs) {
+      int rc = run();
+      if (rc != -1) return rc;
     }
     std::fprintf(stderr, "forja: no command given (see forja --help)\n");
     return 2;
