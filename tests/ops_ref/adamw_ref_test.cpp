@@ -1,12 +1,12 @@
 // Tests of the optimizer references: AdamW against a two-step example worked out independently,
 // global-norm clipping, and the learning-rate schedules at their boundaries.
+#include "ops/ref/adamw_ref.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <numbers>
 #include <vector>
-
-#include "ops/ref/adamw_ref.h"
 
 namespace forja::ref {
 namespace {

@@ -1,12 +1,13 @@
 // Tests of the attention reference: finite differences of the backward, GQA against explicitly
 // repeated kv heads, segment masking against per-segment runs, and a hand-sized example.
+#include "ops/ref/attention_ref.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "ops/ref/attention_ref.h"
 #include "ops_ref/fd_check.h"
 
 namespace forja::ref {
@@ -21,8 +22,7 @@ struct Shape {
   int64_t kv_size() const { return batch * seq * nkv * d; }
 };
 
-void check_attention_backward(const Shape& s, const std::vector<int32_t>* segments,
-                              uint64_t seed) {
+void check_attention_backward(const Shape& s, const std::vector<int32_t>* segments, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::vector<double> q = random_vec(rng, s.q_size(), -1.5, 1.5);
   std::vector<double> k = random_vec(rng, s.kv_size(), -1.5, 1.5);
@@ -31,14 +31,14 @@ void check_attention_backward(const Shape& s, const std::vector<int32_t>* segmen
   const int32_t* seg = segments ? segments->data() : nullptr;
   std::vector<double> out(s.q_size()), lse(s.batch * s.seq * s.nh);
   std::vector<double> dq(s.q_size()), dk(s.kv_size()), dv(s.kv_size());
-  attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), seg, s.batch, s.seq,
-                    s.nh, s.nkv, s.d);
+  attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), seg, s.batch, s.seq, s.nh,
+                    s.nkv, s.d);
   attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
                      out.data(), lse.data(), seg, s.batch, s.seq, s.nh, s.nkv, s.d);
   std::vector<double> o2(out.size()), l2(lse.size());
   auto loss = [&] {
-    attention_forward(o2.data(), l2.data(), q.data(), k.data(), v.data(), seg, s.batch, s.seq,
-                      s.nh, s.nkv, s.d);
+    attention_forward(o2.data(), l2.data(), q.data(), k.data(), v.data(), seg, s.batch, s.seq, s.nh,
+                      s.nkv, s.d);
     return test::dot(dout, o2);
   };
   EXPECT_FD_OK(fd_check(q, dq, loss));
@@ -78,9 +78,9 @@ TEST(RefAttention, ScaleIsHeadDimPowMinusHalf) {
   // Two tokens, d = 4, keys differ: the softmax weight reveals the scale.
   const int64_t d = 4;
   std::vector<double> q(2 * d, 0.0), k(2 * d, 0.0), v(2 * d, 0.0);
-  q[d] = 1.0;            // query of token 1 = e0
-  k[0] = 3.0;            // key 0 = 3 e0 -> score 3 * 0.5
-  v[0] = 1.0;            // v0 = e0, v1 = 0
+  q[d] = 1.0;  // query of token 1 = e0
+  k[0] = 3.0;  // key 0 = 3 e0 -> score 3 * 0.5
+  v[0] = 1.0;  // v0 = e0, v1 = 0
   std::vector<double> out(2 * d), lse(2);
   attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), nullptr, 1, 2, 1, 1, d);
   const double e = std::exp(1.5);
@@ -144,8 +144,8 @@ TEST(RefAttention, SegmentsEqualSeparateRuns) {
                             v = random_vec(rng, S * nkv * d), dout = random_vec(rng, S * nh * d);
   std::vector<double> out(q.size()), lse(S * nh);
   std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
-  attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), seg.data(), 1, S, nh,
-                    nkv, d);
+  attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), seg.data(), 1, S, nh, nkv,
+                    d);
   attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
                      out.data(), lse.data(), seg.data(), 1, S, nh, nkv, d);
   for (auto [b, e] : docs) {
@@ -155,14 +155,14 @@ TEST(RefAttention, SegmentsEqualSeparateRuns) {
     };
     const auto qs = slice(q, nh), ks = slice(k, nkv), vs = slice(v, nkv), ds = slice(dout, nh);
     std::vector<double> os(qs.size()), ls(n * nh), dqs(qs.size()), dks(ks.size()), dvs(vs.size());
-    attention_forward(os.data(), ls.data(), qs.data(), ks.data(), vs.data(), nullptr, 1, n, nh,
-                      nkv, d);
+    attention_forward(os.data(), ls.data(), qs.data(), ks.data(), vs.data(), nullptr, 1, n, nh, nkv,
+                      d);
     attention_backward(dqs.data(), dks.data(), dvs.data(), ds.data(), qs.data(), ks.data(),
                        vs.data(), os.data(), ls.data(), nullptr, 1, n, nh, nkv, d);
     EXPECT_LT(test::max_rel_diff(slice(out, nh), os), 1e-14) << "doc at " << b;
-    EXPECT_LT(test::max_rel_diff(std::vector<double>(lse.begin() + b * nh, lse.begin() + e * nh),
-                                 ls),
-              1e-14);
+    EXPECT_LT(
+        test::max_rel_diff(std::vector<double>(lse.begin() + b * nh, lse.begin() + e * nh), ls),
+        1e-14);
     EXPECT_LT(test::max_rel_diff(slice(dq, nh), dqs), 1e-13);
     EXPECT_LT(test::max_rel_diff(slice(dk, nkv), dks), 1e-13);
     EXPECT_LT(test::max_rel_diff(slice(dv, nkv), dvs), 1e-13);

@@ -1,12 +1,13 @@
 // Tests of the fused LM-head cross-entropy reference: plain vs chunked, finite differences of
 // d(sum/N)/dx, a hand example, label shifting and validation.
+#include "ops/ref/cross_entropy_ref.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <stdexcept>
 #include <vector>
 
-#include "ops/ref/cross_entropy_ref.h"
 #include "ops_ref/fd_check.h"
 
 namespace forja::ref {
@@ -57,8 +58,8 @@ TEST(RefCrossEntropy, BackwardMatchesFiniteDifferencesOfSumOverN) {
   cross_entropy_backward(dx.data(), c.x.data(), c.w.data(), c.labels.data(), n_items, c.tokens,
                          c.hidden, c.vocab);
   auto loss = [&] {
-    return cross_entropy_forward(nullptr, nullptr, nullptr, c.x.data(), c.w.data(),
-                                 c.labels.data(), c.tokens, c.hidden, c.vocab) /
+    return cross_entropy_forward(nullptr, nullptr, nullptr, c.x.data(), c.w.data(), c.labels.data(),
+                                 c.tokens, c.hidden, c.vocab) /
            static_cast<double>(n_items);
   };
   EXPECT_FD_OK(fd_check(c.x, dx, loss));
@@ -74,9 +75,9 @@ TEST(RefCrossEntropy, ChunkedEqualsPlain) {
     const CeCase c(41, logit_scale);
     int64_t count = 0;
     std::vector<double> losses(c.tokens), lse(c.tokens), dx(c.x.size());
-    const double sum = cross_entropy_forward(&count, losses.data(), lse.data(), c.x.data(),
-                                             c.w.data(), c.labels.data(), c.tokens, c.hidden,
-                                             c.vocab);
+    const double sum =
+        cross_entropy_forward(&count, losses.data(), lse.data(), c.x.data(), c.w.data(),
+                              c.labels.data(), c.tokens, c.hidden, c.vocab);
     ASSERT_TRUE(std::isfinite(sum));
     EXPECT_EQ(count, 5);
     cross_entropy_backward(dx.data(), c.x.data(), c.w.data(), c.labels.data(), 11, c.tokens,
@@ -84,9 +85,9 @@ TEST(RefCrossEntropy, ChunkedEqualsPlain) {
     for (int64_t chunk : {1, 5, 8, 36, 37, 100}) {
       int64_t count_c = 0;
       std::vector<double> losses_c(c.tokens), lse_c(c.tokens), dx_c(c.x.size());
-      const double sum_c = cross_entropy_forward_chunked(
-          &count_c, losses_c.data(), lse_c.data(), c.x.data(), c.w.data(), c.labels.data(),
-          c.tokens, c.hidden, c.vocab, chunk);
+      const double sum_c = cross_entropy_forward_chunked(&count_c, losses_c.data(), lse_c.data(),
+                                                         c.x.data(), c.w.data(), c.labels.data(),
+                                                         c.tokens, c.hidden, c.vocab, chunk);
       cross_entropy_backward_chunked(dx_c.data(), c.x.data(), c.w.data(), c.labels.data(), 11,
                                      c.tokens, c.hidden, c.vocab, chunk);
       EXPECT_EQ(count_c, count);
@@ -134,16 +135,16 @@ TEST(RefCrossEntropy, RejectsBadLabels) {
                  std::out_of_range)
         << bad;
     std::vector<double> dx(c.x.size());
-    EXPECT_THROW(cross_entropy_backward_chunked(dx.data(), c.x.data(), c.w.data(), labels.data(),
-                                                5, c.tokens, c.hidden, c.vocab, 8),
+    EXPECT_THROW(cross_entropy_backward_chunked(dx.data(), c.x.data(), c.w.data(), labels.data(), 5,
+                                                c.tokens, c.hidden, c.vocab, 8),
                  std::out_of_range)
         << bad;
   }
 }
 
 TEST(RefCrossEntropy, ShiftLabels) {
-  const std::vector<int32_t> labels = {-100, -100, 5, 6,  //
-                                       7, 8, -100, 9};
+  const std::vector<int32_t> labels = {-100, -100, 5,    6,  //
+                                       7,    8,    -100, 9};
   std::vector<int32_t> shifted(8);
   shift_labels(shifted.data(), labels.data(), 2, 4);
   EXPECT_EQ(shifted, (std::vector<int32_t>{-100, 5, 6, -100, 8, -100, 9, -100}));

@@ -1,4 +1,6 @@
 // Tests of the elementwise, SwiGLU, embedding and GEMM references, and of the FD harness itself.
+#include "ops/ref/elementwise_ref.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -6,7 +8,6 @@
 #include <stdexcept>
 #include <vector>
 
-#include "ops/ref/elementwise_ref.h"
 #include "ops/ref/embedding_ref.h"
 #include "ops/ref/gemm_ref.h"
 #include "ops/ref/swiglu_ref.h"
@@ -88,9 +89,9 @@ TEST(RefSwiglu, BackwardMatchesFiniteDifferences) {
 TEST(RefElementwise, RowReductions) {
   const int64_t rows = 3, cols = 4;
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  const std::vector<double> x = {1, -2, 3, 0.5,  //
-                                 -1, -7, -3, -2,  //
-                                 4, nan, 1, 9};
+  const std::vector<double> x = {1,  -2,  3,  0.5,  //
+                                 -1, -7,  -3, -2,   //
+                                 4,  nan, 1,  9};
   std::vector<double> out(rows);
   row_sum(out.data(), x.data(), 2, cols);
   EXPECT_EQ(out[0], 2.5);

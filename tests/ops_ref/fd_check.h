@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <vector>
@@ -57,6 +59,10 @@ inline FdResult fd_check(std::vector<double>& x, const std::vector<double>& anal
     r.max_numeric = std::max(r.max_numeric, std::fabs(numeric));
   }
   r.rel_error = r.max_numeric > 0.0 ? max_diff / r.max_numeric : max_diff;
+  if (std::getenv("FORJA_REF_VERBOSE") != nullptr) {  // to see the margin under the bound
+    std::fprintf(stderr, "fd_check: %zu elements, rel_error %.3g, max |grad| %.3g\n", x.size(),
+                 r.rel_error, r.max_numeric);
+  }
   return r;
 }
 
@@ -74,9 +80,9 @@ inline double max_rel_diff(const std::vector<double>& a, const std::vector<doubl
 }  // namespace forja::ref::test
 
 // Asserts the finite-difference check passed and that the gradient is not trivially zero.
-#define EXPECT_FD_OK(result)                                      \
-  do {                                                            \
-    const auto fd_r_ = (result);                                  \
-    EXPECT_LT(fd_r_.rel_error, ::forja::ref::test::kFdTol);       \
-    EXPECT_GT(fd_r_.max_numeric, 1e-3) << "gradient is ~zero";    \
+#define EXPECT_FD_OK(result)                                   \
+  do {                                                         \
+    const auto fd_r_ = (result);                               \
+    EXPECT_LT(fd_r_.rel_error, ::forja::ref::test::kFdTol);    \
+    EXPECT_GT(fd_r_.max_numeric, 1e-3) << "gradient is ~zero"; \
   } while (0)

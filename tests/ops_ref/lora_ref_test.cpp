@@ -1,9 +1,10 @@
 // Tests of the LoRA linear reference.
+#include "ops/ref/lora_ref.h"
+
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "ops/ref/lora_ref.h"
 #include "ops_ref/fd_check.h"
 
 namespace forja::ref {

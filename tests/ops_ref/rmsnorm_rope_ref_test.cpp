@@ -98,7 +98,7 @@ TEST(RefRope, InvFreqDefault) {
   EXPECT_EQ(inv[0], 1.0);
   for (int j = 0; j < 64; ++j) {
     const double want = 1.0 / std::pow(1e6, 2.0 * j / 128.0);
-    EXPECT_NEAR(inv[j], want, want * 2e-7) << j;                   // fp32-rounded
+    EXPECT_NEAR(inv[j], want, want * 2e-7) << j;                         // fp32-rounded
     EXPECT_EQ(inv[j], static_cast<double>(static_cast<float>(inv[j])));  // exactly a float
   }
 }

@@ -49,13 +49,11 @@ double lr_multiplier(LrSchedule schedule, int64_t step, int64_t warmup_steps, in
     case LrSchedule::constant_with_warmup:
       return 1.0;
     case LrSchedule::linear:
-      return std::max(0.0, d(total_steps - step) /
-                               d(std::max<int64_t>(1, total_steps - warmup_steps)));
-    case LrSchedule::cosine: {
-      const double p =
-          d(step - warmup_steps) / d(std::max<int64_t>(1, total_steps - warmup_steps));
       return std::max(0.0,
-                      0.5 * (1.0 + std::cos(std::numbers::pi * num_cycles * 2.0 * p)));
+                      d(total_steps - step) / d(std::max<int64_t>(1, total_steps - warmup_steps)));
+    case LrSchedule::cosine: {
+      const double p = d(step - warmup_steps) / d(std::max<int64_t>(1, total_steps - warmup_steps));
+      return std::max(0.0, 0.5 * (1.0 + std::cos(std::numbers::pi * num_cycles * 2.0 * p)));
     }
     case LrSchedule::constant:
       break;

@@ -25,8 +25,8 @@ double clip_grad_norm(double* const* grads, const int64_t* sizes, int64_t num_bu
 //   constant              1 (warmup ignored, as HF's "constant")
 //   constant_with_warmup  s < W: s / max(1, W); else 1
 //   linear                s < W: s / max(1, W); else max(0, (T - s) / max(1, T - W))
-//   cosine                s < W: s / max(1, W); else
-//                         max(0, 0.5 (1 + cos(pi * num_cycles * 2 * p))), p = (s - W) / max(1, T - W)
+//   cosine                s < W: s / max(1, W); else max(0, 0.5 (1 + cos(2 pi num_cycles p)))
+//                         with p = (s - W) / max(1, T - W)
 enum class LrSchedule { constant, constant_with_warmup, linear, cosine };
 
 // The multiplier on the base learning rate at optimizer step `step` (0-based: step 0 is the

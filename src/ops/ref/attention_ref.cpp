@@ -23,8 +23,9 @@ Dims check(const char* func, int64_t batch, int64_t seq, int64_t n_heads, int64_
   detail::require(n_heads > 0 && n_kv_heads > 0 && head_dim > 0, func,
                   "heads and head_dim must be positive");
   detail::require(n_heads % n_kv_heads == 0, func, "n_heads must be a multiple of n_kv_heads");
-  return Dims{batch, seq, n_heads, n_kv_heads, head_dim, n_heads / n_kv_heads,
-              1.0 / std::sqrt(static_cast<double>(head_dim))};
+  Dims m{batch, seq, n_heads, n_kv_heads, head_dim, n_heads / n_kv_heads, 0.0};
+  m.scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  return m;
 }
 
 bool visible(const int32_t* seg, int64_t i, int64_t j) {
@@ -49,9 +50,9 @@ double dot(const double* a, const double* b, int64_t n) {
 
 }  // namespace
 
-void attention_forward(double* out, double* lse, const double* q, const double* k,
-                       const double* v, const int32_t* segment_ids, int64_t batch, int64_t seq,
-                       int64_t n_heads, int64_t n_kv_heads, int64_t head_dim) {
+void attention_forward(double* out, double* lse, const double* q, const double* k, const double* v,
+                       const int32_t* segment_ids, int64_t batch, int64_t seq, int64_t n_heads,
+                       int64_t n_kv_heads, int64_t head_dim) {
   const Dims m = check("attention_forward", batch, seq, n_heads, n_kv_heads, head_dim);
   std::vector<double> s(static_cast<size_t>(seq));
   for (int64_t b = 0; b < m.batch; ++b) {

@@ -21,9 +21,9 @@
 
 namespace forja::ref {
 
-void attention_forward(double* out, double* lse, const double* q, const double* k,
-                       const double* v, const int32_t* segment_ids, int64_t batch, int64_t seq,
-                       int64_t n_heads, int64_t n_kv_heads, int64_t head_dim);
+void attention_forward(double* out, double* lse, const double* q, const double* k, const double* v,
+                       const int32_t* segment_ids, int64_t batch, int64_t seq, int64_t n_heads,
+                       int64_t n_kv_heads, int64_t head_dim);
 
 // dq, dk, dv written with = (activation gradients); dk and dv of a kv head are summed over
 // the n_heads / n_kv_heads query heads that share it. out and lse are the forward's.

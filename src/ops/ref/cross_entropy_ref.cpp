@@ -20,9 +20,9 @@ void check_labels(const char* func, const int32_t* labels, int64_t tokens, int64
   for (int64_t t = 0; t < tokens; ++t) {
     const int32_t l = labels[t];
     if (l != kIgnoreIndex && (l < 0 || l >= vocab)) {
-      throw std::out_of_range(std::string("forja::ref::") + func + ": label " +
-                              std::to_string(l) + " at position " + std::to_string(t) +
-                              " is neither -100 nor in [0, " + std::to_string(vocab) + ")");
+      throw std::out_of_range(std::string("forja::ref::") + func + ": label " + std::to_string(l) +
+                              " at position " + std::to_string(t) + " is neither -100 nor in [0, " +
+                              std::to_string(vocab) + ")");
     }
   }
 }
@@ -99,9 +99,8 @@ double cross_entropy_forward(int64_t* count, double* losses, double* lse, const 
   return sum;
 }
 
-void cross_entropy_backward(double* dx, const double* x, const double* w_lm,
-                            const int32_t* labels, int64_t n_items, int64_t tokens,
-                            int64_t hidden, int64_t vocab) {
+void cross_entropy_backward(double* dx, const double* x, const double* w_lm, const int32_t* labels,
+                            int64_t n_items, int64_t tokens, int64_t hidden, int64_t vocab) {
   check_common("cross_entropy_backward", labels, tokens, hidden, vocab);
   std::vector<double> z(static_cast<size_t>(vocab));
   for (int64_t t = 0; t < tokens; ++t) {
@@ -125,10 +124,9 @@ void cross_entropy_backward(double* dx, const double* x, const double* w_lm,
   }
 }
 
-double cross_entropy_forward_chunked(int64_t* count, double* losses, double* lse,
-                                     const double* x, const double* w_lm, const int32_t* labels,
-                                     int64_t tokens, int64_t hidden, int64_t vocab,
-                                     int64_t chunk) {
+double cross_entropy_forward_chunked(int64_t* count, double* losses, double* lse, const double* x,
+                                     const double* w_lm, const int32_t* labels, int64_t tokens,
+                                     int64_t hidden, int64_t vocab, int64_t chunk) {
   check_common("cross_entropy_forward_chunked", labels, tokens, hidden, vocab);
   detail::require(chunk > 0, "cross_entropy_forward_chunked", "chunk must be positive");
   std::vector<double> z(static_cast<size_t>(std::min(chunk, vocab)));

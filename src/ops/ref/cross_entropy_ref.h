@@ -31,15 +31,13 @@ double cross_entropy_forward(int64_t* count, double* losses, double* lse, const 
 
 // dx [tokens, hidden] = d(sum / n_items)/dx = sum_v (softmax_tv - [v == label_t]) W_lm[v, :] /
 // n_items, and 0 on ignored rows (written with =). n_items <= 0 gives dx = 0.
-void cross_entropy_backward(double* dx, const double* x, const double* w_lm,
-                            const int32_t* labels, int64_t n_items, int64_t tokens,
-                            int64_t hidden, int64_t vocab);
+void cross_entropy_backward(double* dx, const double* x, const double* w_lm, const int32_t* labels,
+                            int64_t n_items, int64_t tokens, int64_t hidden, int64_t vocab);
 
 // Same results, computed over the vocabulary in chunks (the last chunk may be short).
-double cross_entropy_forward_chunked(int64_t* count, double* losses, double* lse,
-                                     const double* x, const double* w_lm, const int32_t* labels,
-                                     int64_t tokens, int64_t hidden, int64_t vocab,
-                                     int64_t chunk);
+double cross_entropy_forward_chunked(int64_t* count, double* losses, double* lse, const double* x,
+                                     const double* w_lm, const int32_t* labels, int64_t tokens,
+                                     int64_t hidden, int64_t vocab, int64_t chunk);
 void cross_entropy_backward_chunked(double* dx, const double* x, const double* w_lm,
                                     const int32_t* labels, int64_t n_items, int64_t tokens,
                                     int64_t hidden, int64_t vocab, int64_t chunk);

@@ -26,7 +26,7 @@ void lora_forward(double* y, double* xa, const double* x, const double* w, const
   const std::vector<double> xd = dropped(x, dropmask, tokens, in);
   std::vector<double> xa_local(static_cast<size_t>(tokens * rank));
   gemm(xa_local.data(), xd.data(), lora_a, tokens, rank, in, false, true);  // xd A^T
-  gemm(y, x, w, tokens, out, in, false, true);                               // x W^T
+  gemm(y, x, w, tokens, out, in, false, true);                              // x W^T
   gemm(y, xa_local.data(), lora_b, tokens, out, rank, false, true, scaling, 1.0);
   if (bias != nullptr) {
     for (int64_t t = 0; t < tokens; ++t) {
@@ -38,17 +38,17 @@ void lora_forward(double* y, double* xa, const double* x, const double* w, const
   }
 }
 
-void lora_backward(double* dx, double* dlora_a, double* dlora_b, const double* dy,
-                   const double* x, const double* w, const double* lora_a, const double* lora_b,
-                   const double* dropmask, double scaling, int64_t tokens, int64_t in,
-                   int64_t out, int64_t rank) {
+void lora_backward(double* dx, double* dlora_a, double* dlora_b, const double* dy, const double* x,
+                   const double* w, const double* lora_a, const double* lora_b,
+                   const double* dropmask, double scaling, int64_t tokens, int64_t in, int64_t out,
+                   int64_t rank) {
   detail::require_dims("lora_backward", {tokens, in, out, rank});
   const std::vector<double> xd = dropped(x, dropmask, tokens, in);
   std::vector<double> xa(static_cast<size_t>(tokens * rank));
   gemm(xa.data(), xd.data(), lora_a, tokens, rank, in, false, true);
   std::vector<double> dxa(static_cast<size_t>(tokens * rank));
-  gemm(dxa.data(), dy, lora_b, tokens, rank, out, false, false, scaling, 0.0);  // s dy B
-  gemm(dlora_b, dy, xa.data(), out, rank, tokens, true, false, scaling, 1.0);   // += s dy^T xa
+  gemm(dxa.data(), dy, lora_b, tokens, rank, out, false, false, scaling, 0.0);    // s dy B
+  gemm(dlora_b, dy, xa.data(), out, rank, tokens, true, false, scaling, 1.0);     // += s dy^T xa
   gemm(dlora_a, dxa.data(), xd.data(), rank, in, tokens, true, false, 1.0, 1.0);  // += dxa^T xd
   if (dx != nullptr) {
     std::vector<double> dxd(static_cast<size_t>(tokens * in));

@@ -24,10 +24,10 @@ void lora_forward(double* y, double* xa, const double* x, const double* w, const
 //   dlora_a += dxa^T (x * dropmask)             parameter: accumulates [rank, in]
 //   dlora_b += scaling * dy^T xa                parameter: accumulates [out, rank]
 // dx may be nullptr (first layer needs no input gradient); xa is recomputed here.
-void lora_backward(double* dx, double* dlora_a, double* dlora_b, const double* dy,
-                   const double* x, const double* w, const double* lora_a, const double* lora_b,
-                   const double* dropmask, double scaling, int64_t tokens, int64_t in,
-                   int64_t out, int64_t rank);
+void lora_backward(double* dx, double* dlora_a, double* dlora_b, const double* dy, const double* x,
+                   const double* w, const double* lora_a, const double* lora_b,
+                   const double* dropmask, double scaling, int64_t tokens, int64_t in, int64_t out,
+                   int64_t rank);
 
 // PEFT merge for export: w_merged [out, in] = w + scaling * B A.
 void lora_merge(double* w_merged, const double* w, const double* lora_a, const double* lora_b,
