@@ -304,6 +304,17 @@ std::int64_t lora_parameter_count(const ModelConfig& c, std::int64_t rank, const
   return per_layer * c.num_layers;
 }
 
+io::LoraTargetShapes lora_target_shapes(const ModelConfig& c) {
+  io::LoraTargetShapes out;
+  out.num_layers = c.num_layers;
+  for (LinearKind k : kAllLinears) {
+    LinearShape s = linear_shape(c, k);
+    out.targets.push_back({linear_name(k), std::string(linear_module(k)) + "." + linear_name(k), s.in_features,
+                           s.out_features});
+  }
+  return out;
+}
+
 // ---- RoPE ----
 
 std::vector<float> rope_inv_freq(const ModelConfig& c) {

@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "io/adapter.h"
+
 namespace forja::model {
 
 enum class Architecture { Qwen3, Qwen2, Llama, Mistral };
@@ -108,6 +110,9 @@ ParameterCounts count_parameters(const ModelConfig& c);
 // LoRA parameters (A [r, in] + B [out, r]) over the given projections of every layer.
 std::int64_t lora_parameter_count(const ModelConfig& c, std::int64_t rank,
                                   const std::vector<LinearKind>& targets);
+
+// The seven projections with their shapes, for reading and writing PEFT adapters.
+io::LoraTargetShapes lora_target_shapes(const ModelConfig& c);
 
 // ---- RoPE ----
 

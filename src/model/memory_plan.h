@@ -1,0 +1,61 @@
+// What a model costs in bytes: its weights in 16-bit and in NF4 (with and without double
+// quantisation), and an up-front estimate of the GPU memory of a QLoRA training run (design.md
+// "Plan memory up front"). Used by `forja inspect` and to size allocations before loading.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace forja::model {
+
+// Exact bytes of one tensor of `numel` elements in NF4 (formats.md §3.2-3.4): packed nibbles,
+// plus fp32 absmax per 64, or with double quantisation uint8 per 64 + fp32 per 256 blocks + the
+// fp32 offset. The shared code tables (64 + 1024 bytes) are not included.
+std::uint64_t nf4_bytes(std::int64_t numel, bool double_quant);
+
+struct WeightBytes {
+  std::uint64_t linear_16bit = 0;    // all projection weights in bf16
+  std::uint64_t linear_nf4 = 0;      // the same in NF4, fp32 absmax
+  std::uint64_t linear_nf4_dq = 0;   // NF4 with double quantisation
+  std::uint64_t embedding_16bit = 0;
+  std::uint64_t lm_head_16bit = 0;   // 0 when tied (shares the embedding)
+  std::uint64_t small_16bit = 0;     // norms and biases in bf16
+  std::uint64_t total_16bit() const { return linear_16bit + embedding_16bit + lm_head_16bit + small_16bit; }
+};
+WeightBytes weight_bytes(const ModelConfig& c);
+
+struct TrainingSettings {
+  std::int64_t batch = 1;
+  std::int64_t seq_len = 2048;
+  std::int64_t lora_rank = 16;
+  std::vector<LinearKind> targets = {std::begin(kAllLinears), std::end(kAllLinears)};
+  bool double_quant = true;
+  bool checkpointing = true;            // keep each layer's input only, recompute inside it
+  std::int64_t activation_bytes = 2;    // 2 in mixed precision (fp16/bf16), 4 in fp32 mode
+  std::int64_t vocab_chunk = 8192;      // LM head + cross-entropy processed this many columns at a time
+};
+
+struct MemoryPart {
+  std::string name;
+  std::uint64_t bytes = 0;
+  std::string note;
+};
+
+struct MemoryPlan {
+  std::vector<MemoryPart> parts;
+  std::int64_t lora_parameters = 0;
+  std::uint64_t total() const;
+};
+
+// The estimate: frozen weights (NF4 linears, 16-bit embedding/LM head, fp32 norms and biases),
+// LoRA parameters + gradients + two AdamW moments (fp32), saved activations (all of every
+// layer, or each layer's input plus one layer's worth during recomputation), and scratch
+// (activation gradients in flight, one vocabulary chunk of logits, attention statistics).
+MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s);
+
+// Activation elements saved per token by one layer for its backward (see memory_plan.cpp).
+std::int64_t saved_activation_elements_per_token(const ModelConfig& c, const TrainingSettings& s);
+
+}  // namespace forja::model

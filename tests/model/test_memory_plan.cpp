@@ -1,0 +1,82 @@
+// Memory plan: weight bytes against the figures of docs/formats.md §3.4, the NF4 byte formula
+// against real quantised tensors, and the training estimate's structure.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "model/config_fixtures.h"
+#include "model/memory_plan.h"
+#include "model/nf4.h"
+
+namespace forja::model {
+namespace {
+
+ModelConfig parse(const std::string& text) { return parse_model_config(text, "config.json"); }
+
+TEST(MemoryPlan, Nf4BytesMatchQuantisedTensors) {
+  for (std::int64_t n : {1, 63, 64, 65, 64 * 256, 64 * 256 + 1, 100000}) {
+    std::vector<float> w(static_cast<std::size_t>(n), 0.25f);
+    for (bool dq : {false, true}) {
+      Nf4Tensor t = nf4_quantize(w, {n}, {.double_quant = dq, .threads = 1});
+      EXPECT_EQ(nf4_bytes(n, dq), t.storage_bytes()) << n << " dq " << dq;
+    }
+  }
+}
+
+TEST(MemoryPlan, LinearWeightsMatchFormatsDoc) {
+  // formats.md §3.4: linear layers only, 4.5 bits/param and 4.127 with double quantisation.
+  struct Case {
+    std::string config;
+    double linear_params_b, nf4_gb, dq_gb;
+  };
+  for (const Case& k : {Case{test::qwen3_0_6b(), 0.44, 0.248, 0.227}, Case{test::qwen3_1_7b(), 1.41, 0.79, 0.73},
+                        Case{test::qwen3_4b(), 3.63, 2.04, 1.87}, Case{test::qwen3_8b(), 6.95, 3.91, 3.58}}) {
+    ModelConfig c = parse(k.config);
+    WeightBytes w = weight_bytes(c);
+    EXPECT_NEAR(count_parameters(c).linear / 1e9, k.linear_params_b, 0.006) << c.hidden_size;
+    EXPECT_NEAR(w.linear_nf4 / 1e9, k.nf4_gb, 0.006) << c.hidden_size;
+    EXPECT_NEAR(w.linear_nf4_dq / 1e9, k.dq_gb, 0.006) << c.hidden_size;
+    EXPECT_EQ(w.linear_16bit, 2u * static_cast<std::uint64_t>(count_parameters(c).linear));
+  }
+  // The acceptance figure: Qwen3-4B NF4 linears with DQ at about 1.87 GB.
+  EXPECT_NEAR(weight_bytes(parse(test::qwen3_4b())).linear_nf4_dq / 1e9, 1.874, 0.002);
+}
+
+TEST(MemoryPlan, TiedHeadCostsNothingExtra) {
+  EXPECT_EQ(weight_bytes(parse(test::qwen3_4b())).lm_head_16bit, 0u);
+  EXPECT_EQ(weight_bytes(parse(test::qwen3_8b())).lm_head_16bit, 2u * 151936 * 4096);
+}
+
+TEST(MemoryPlan, TrainingEstimateParts) {
+  ModelConfig c = parse(test::qwen3_4b());
+  TrainingSettings s;
+  s.batch = 1;
+  s.seq_len = 2048;
+  s.lora_rank = 16;
+  MemoryPlan on = plan_training_memory(c, s);
+  EXPECT_EQ(on.lora_parameters, lora_parameter_count(c, 16, s.targets));
+  auto part = [](const MemoryPlan& p, const std::string& name) {
+    for (auto& m : p.parts)
+      if (m.name == name) return m.bytes;
+    ADD_FAILURE() << "no part " << name;
+    return std::uint64_t{0};
+  };
+  EXPECT_EQ(part(on, "LoRA parameters (fp32)"), 4u * on.lora_parameters);
+  EXPECT_EQ(part(on, "AdamW moments (fp32)"), 8u * on.lora_parameters);
+  EXPECT_EQ(part(on, "NF4 linear weights"), weight_bytes(c).linear_nf4_dq);
+
+  s.checkpointing = false;
+  MemoryPlan off = plan_training_memory(c, s);
+  EXPECT_GT(part(off, "saved activations"), 5 * part(on, "saved activations"));
+  // Activations scale linearly with tokens.
+  s.batch = 2;
+  MemoryPlan off2 = plan_training_memory(c, s);
+  EXPECT_EQ(part(off2, "saved activations"), 2 * part(off, "saved activations"));
+  // Without checkpointing a 4B model at 2048 tokens needs several GB; with it, well under that.
+  EXPECT_GT(off.total(), on.total());
+  EXPECT_LT(on.total() / 1e9, 6.0);
+  EXPECT_GT(on.total() / 1e9, 2.6);
+}
+
+}  // namespace
+}  // namespace forja::model
