@@ -47,7 +47,7 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& file,
   try {
     return json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
                        /*ignore_comments=*/false);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e999
     throw UserError(file + ": not valid JSON (" + e.what() + "); fix or re-download the file");
   }
 }

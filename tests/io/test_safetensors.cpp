@@ -330,6 +330,12 @@ TEST(SafetensorsMalformed, HeaderNotUtf8) {
   EXPECT_HAS(open_error(safetensors_bytes(h, four_floats())), "not valid JSON");
 }
 
+TEST(SafetensorsMalformed, NumberOverflowInHeader) {
+  // Found by the fuzzer: nlohmann reports this as out_of_range, not parse_error.
+  std::string h = R"({"a":{"dtype":"F32","shape":[1e999],"data_offsets":[0,16]}})";
+  EXPECT_HAS(open_error(safetensors_bytes(h, four_floats())), "not valid JSON");
+}
+
 TEST(SafetensorsMalformed, DuplicateTensorNames) {
   std::string h = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                   R"("a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})";
