@@ -147,8 +147,16 @@ struct Tokenizer::Impl {
   void parse(const json& j);
   void parse_pre_tokenizer(const json& p);
   void compile_regex(const std::string& pattern);
-  void encode_segment(std::string_view text, std::vector<int32_t>& out,
-                      pcre2_match_data* md) const;
+  // Optional tracking of where each token starts in the caller's text (encode_parts).
+  struct Track {
+    std::vector<uint32_t>* starts;     // out: raw byte offset of each token's first byte
+    const std::vector<size_t>* cuts;  // raw offsets where a new part begins (sorted)
+  };
+  void encode_text(std::string_view text, std::vector<int32_t>& out, Track* track) const;
+  void encode_segment(std::string_view text, size_t raw_base, std::vector<int32_t>& out,
+                      pcre2_match_data* md, Track* track) const;
+  void emit_piece(std::string_view piece, size_t start, std::vector<int32_t>& out,
+                  Track* track, const std::vector<std::pair<size_t, size_t>>* map) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
   std::string where(const std::string& field) const { return origin + ": " + field; }
@@ -491,12 +499,36 @@ void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>&
   }
 }
 
-void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<int32_t>& out,
-                                     pcre2_match_data* md) const {
+void Tokenizer::Impl::emit_piece(std::string_view piece, size_t start,
+                                 std::vector<int32_t>& out, Track* track,
+                                 const std::vector<std::pair<size_t, size_t>>* map) const {
+  const size_t first = out.size();
+  encode_piece(piece, out);
+  if (!track) return;
+  // Each token's bytes are consecutive in the piece; map normalised offsets back to raw ones
+  // through the (normalised start, raw start) list of sub-segments when NFC changed the text.
+  size_t off = start;
+  for (size_t k = first; k < out.size(); ++k) {
+    size_t raw = off;
+    if (map) {
+      auto it = std::upper_bound(map->begin(), map->end(), std::make_pair(off, SIZE_MAX));
+      --it;
+      raw = it->second + (off - it->first);
+      if (it + 1 != map->end()) raw = std::min(raw, (it + 1)->second - 1);
+    }
+    track->starts->push_back(uint32_t(raw));
+    off += id_to_bytes[size_t(out[k])].size();
+  }
+}
+
+void Tokenizer::Impl::encode_segment(std::string_view text, size_t raw_base,
+                                     std::vector<int32_t>& out, pcre2_match_data* md,
+                                     Track* track) const {
   if (text.empty()) return;
   // NFC. Text whose code points are all below U+0300 (no lead byte >= 0xCC) is already NFC.
-  std::string normalized_storage;
-  utf8proc_uint8_t* nfc_buf = nullptr;
+  std::string normalized;
+  std::vector<std::pair<size_t, size_t>> offset_map;  // (normalised offset, raw offset)
+  bool changed = false;
   if (nfc) {
     bool may_change = false;
     for (char c : text)
@@ -505,21 +537,42 @@ void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<int32_t>
         break;
       }
     if (may_change) {
-      const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                                    utf8proc_ssize_t(text.size()), &nfc_buf,
-                                    utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-      if (len < 0) throw UserError(origin + ": NFC normalisation failed: " +
-                                   utf8proc_errmsg(len) + "; the text is not valid UTF-8");
-      normalized_storage.assign(reinterpret_cast<char*>(nfc_buf), size_t(len));
-      std::free(nfc_buf);
-      text = normalized_storage;
+      // With tracking, each part is normalised on its own so that tokens keep their part.
+      std::vector<size_t> subs = {0};
+      if (track)
+        for (size_t c : *track->cuts)
+          if (c > raw_base && c < raw_base + text.size()) subs.push_back(c - raw_base);
+      subs.push_back(text.size());
+      for (size_t k = 0; k + 1 < subs.size(); ++k) {
+        const std::string_view sub = text.substr(subs[k], subs[k + 1] - subs[k]);
+        utf8proc_uint8_t* buf = nullptr;
+        const auto len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(sub.data()),
+                                      utf8proc_ssize_t(sub.size()), &buf,
+                                      utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+        if (len < 0) throw UserError(origin + ": NFC normalisation failed: " +
+                                     utf8proc_errmsg(len) + "; the text is not valid UTF-8");
+        offset_map.emplace_back(normalized.size(), raw_base + subs[k]);
+        normalized.append(reinterpret_cast<char*>(buf), size_t(len));
+        std::free(buf);
+      }
+      offset_map.emplace_back(normalized.size(), raw_base + text.size());
+      changed = normalized != text;
+      if (changed) text = normalized;
     }
   }
+  const std::vector<std::pair<size_t, size_t>>* map = changed ? &offset_map : nullptr;
+  const size_t base = map ? 0 : raw_base;  // offsets below are normalised ones when mapped
   std::string prefixed;
+  size_t shift = 0;
   if (prefix_space && text.front() != ' ') {
     prefixed = " " + std::string(text);
     text = prefixed;
+    shift = 1;
   }
+  auto piece_at = [&](size_t s, size_t e) {
+    const size_t start = s >= shift ? s - shift : 0;
+    emit_piece(text.substr(s, e - s), base + start, out, track, map);
+  };
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0;  // end of the last piece emitted
   size_t at = 0;   // where to search from
@@ -534,16 +587,64 @@ void Tokenizer::Impl::encode_segment(std::string_view text, std::vector<int32_t>
                                reinterpret_cast<char*>(msg));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
-    size_t s = ov[0], e = ov[1];
+    const size_t s = ov[0], e = ov[1];
     if (e == s) {  // empty match: step one character (the patterns in use never do this)
       at = e + std::max<size_t>(1, utf8_sequence_length(text, e));
       continue;
     }
-    if (s > pos) encode_piece(text.substr(pos, s - pos), out);  // gap: Isolated keeps it
-    encode_piece(text.substr(s, e - s), out);
+    if (s > pos) piece_at(pos, s);  // the gap before the match: Isolated keeps it
+    piece_at(s, e);
     pos = at = e;
   }
-  if (pos < text.size()) encode_piece(text.substr(pos), out);
+  if (pos < text.size()) piece_at(pos, text.size());
+}
+
+void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& out,
+                                  Track* track) const {
+  if (const size_t bad = utf8_first_invalid(text); bad != std::string_view::npos)
+    throw UserError("text is not valid UTF-8 (byte " + std::to_string(bad) +
+                    "); fix the encoding of the input");
+  std::unique_ptr<pcre2_match_data, Pcre2MatchDataDeleter> md(
+      pcre2_match_data_create_from_pattern(regex.get(), nullptr));
+  // Cut out added tokens: at the leftmost position where one matches, the longest one.
+  size_t seg_start = 0, i = 0;
+  const size_t n = text.size();
+  while (i < n && !added.empty()) {
+    if (!added_first_byte[uint8_t(text[i])]) {
+      ++i;
+      continue;
+    }
+    const AddedToken* hit = nullptr;
+    size_t hit_len = 0;
+    for (size_t len : added_lengths) {
+      if (i + len > n) continue;
+      auto it = added_by_content.find(text.substr(i, len));
+      if (it != added_by_content.end()) {
+        hit = &added[it->second];
+        hit_len = len;
+        break;
+      }
+    }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    size_t s = i, e = i + hit_len;
+    if (hit->single_word && ((s > 0 && is_word_byte(uint8_t(text[s - 1]))) ||
+                             (e < n && is_word_byte(uint8_t(text[e]))))) {
+      i = e;  // not a whole word: leave it to the BPE
+      continue;
+    }
+    if (hit->lstrip)
+      while (s > seg_start && is_ascii_space(text[s - 1])) --s;
+    if (hit->rstrip)
+      while (e < n && is_ascii_space(text[e])) ++e;
+    encode_segment(text.substr(seg_start, s - seg_start), seg_start, out, md.get(), track);
+    out.push_back(hit->id);
+    if (track) track->starts->push_back(uint32_t(i));
+    seg_start = i = e;
+  }
+  encode_segment(text.substr(seg_start), seg_start, out, md.get(), track);
 }
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -627,54 +728,26 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir_or_file) {
 }
 
 void Tokenizer::encode_append(std::string_view text, std::vector<int32_t>& out) const {
-  const Impl& im = *impl_;
-  if (const size_t bad = utf8_first_invalid(text); bad != std::string_view::npos)
-    throw UserError("text is not valid UTF-8 (byte " + std::to_string(bad) +
-                    "); fix the encoding of the input");
-  std::unique_ptr<pcre2_match_data, Pcre2MatchDataDeleter> md(
-      pcre2_match_data_create_from_pattern(im.regex.get(), nullptr));
-  if (im.added.empty()) {
-    im.encode_segment(text, out, md.get());
-    return;
+  impl_->encode_text(text, out, nullptr);
+}
+
+void Tokenizer::encode_parts(std::span<const std::string_view> parts, std::vector<int32_t>& ids,
+                             std::vector<int32_t>& part_of_token) const {
+  std::string joined;
+  std::vector<size_t> cuts;  // raw offset where each part begins
+  for (const auto& p : parts) {
+    cuts.push_back(joined.size());
+    joined += p;
   }
-  // Cut out added tokens: at the leftmost position where one matches, the longest one.
-  size_t seg_start = 0, i = 0;
-  const size_t n = text.size();
-  while (i < n) {
-    if (!im.added_first_byte[uint8_t(text[i])]) {
-      ++i;
-      continue;
-    }
-    const AddedToken* hit = nullptr;
-    size_t hit_len = 0;
-    for (size_t len : im.added_lengths) {
-      if (i + len > n) continue;
-      auto it = im.added_by_content.find(text.substr(i, len));
-      if (it != im.added_by_content.end()) {
-        hit = &im.added[it->second];
-        hit_len = len;
-        break;
-      }
-    }
-    if (!hit) {
-      ++i;
-      continue;
-    }
-    size_t s = i, e = i + hit_len;
-    if (hit->single_word && ((s > 0 && is_word_byte(uint8_t(text[s - 1]))) ||
-                             (e < n && is_word_byte(uint8_t(text[e]))))) {
-      i = e;  // not a whole word: leave it to the BPE
-      continue;
-    }
-    if (hit->lstrip)
-      while (s > seg_start && is_ascii_space(text[s - 1])) --s;
-    if (hit->rstrip)
-      while (e < n && is_ascii_space(text[e])) ++e;
-    im.encode_segment(text.substr(seg_start, s - seg_start), out, md.get());
-    out.push_back(hit->id);
-    seg_start = i = e;
+  std::vector<uint32_t> starts;
+  Impl::Track track{&starts, &cuts};
+  const size_t first = ids.size();
+  impl_->encode_text(joined, ids, &track);
+  for (size_t k = 0; k < ids.size() - first; ++k) {
+    // The part holding the token's first byte (the last part that begins at or before it).
+    const auto it = std::upper_bound(cuts.begin(), cuts.end(), size_t(starts[k]));
+    part_of_token.push_back(int32_t(it - cuts.begin()) - 1);
   }
-  im.encode_segment(text.substr(seg_start), out, md.get());
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {

@@ -58,6 +58,11 @@ class Tokenizer {
   // UTF-8 (UserError otherwise). Thread-safe.
   std::vector<int32_t> encode(std::string_view text) const;
   void encode_append(std::string_view text, std::vector<int32_t>& out) const;
+  // Encodes the concatenation of `parts` (the same ids as encode() of the joined text, except
+  // that NFC is applied to each part on its own) and appends to part_of_token, for each token,
+  // the index of the part that holds its first byte. Used to label rendered chat segments.
+  void encode_parts(std::span<const std::string_view> parts, std::vector<int32_t>& ids,
+                    std::vector<int32_t>& part_of_token) const;
 
   // Text of `ids`; invalid UTF-8 from partial tokens becomes U+FFFD. Ids outside the vocabulary
   // are a UserError. skip_special drops added tokens flagged special.
