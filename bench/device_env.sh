@@ -1,9 +1,8 @@
 # Sourced at the start of a command on the GPU machine (the `device` tool): unpacks the Vulkan
 # loader and validation layers carried in .gl/ (see docs/benchmarks.md) and points the loader at
-# NVIDIA's driver when the image has no ICD file of its own.
+# NVIDIA's driver, which that image keeps outside the loader's default search paths.
 for f in .gl/*.deb; do dpkg -x "$f" / ; done
 ldconfig
-if ! ls /etc/vulkan/icd.d/*.json /usr/share/vulkan/icd.d/*.json >/dev/null 2>&1 &&
-   [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi

@@ -30,6 +30,7 @@ endfunction()
 
 forja_probe_glslc(FORJA_HAVE_NV_COOPMAT GL_NV_cooperative_matrix
   "#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_memory_scope_semantics : require
 layout(local_size_x = 32) in;
 void main() { fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> c = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0); }")
 forja_probe_glslc(FORJA_HAVE_KHR_COOPMAT GL_KHR_cooperative_matrix

@@ -20,7 +20,8 @@ using namespace forja;
 
 std::string with_commas(std::int64_t v) {
   std::string s = std::to_string(v < 0 ? -v : v);
-  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<std::size_t>(i), ",");
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3)
+    s.insert(static_cast<std::size_t>(i), ",");
   return (v < 0 ? "-" : "") + s;
 }
 
@@ -32,9 +33,12 @@ std::string gb(std::uint64_t bytes) {
 
 const char* rope_name(model::RopeType t) {
   switch (t) {
-    case model::RopeType::Default: return "default";
-    case model::RopeType::Linear: return "linear";
-    case model::RopeType::Llama3: return "llama3";
+    case model::RopeType::Default:
+      return "default";
+    case model::RopeType::Linear:
+      return "linear";
+    case model::RopeType::Llama3:
+      return "llama3";
   }
   return "?";
 }
@@ -56,83 +60,105 @@ std::string check_checkpoint(const std::filesystem::path& dir, const model::Mode
   for (const model::ExpectedTensor& t : model::expected_tensors(c)) {
     const io::TensorInfo* info = ck.find(t.name);
     if (!info)
-      throw UserError(dir.string() + ": checkpoint lacks tensor '" + t.name + "' that config.json implies; the "
-                      "weights and config.json belong to different models or the download is incomplete");
+      throw UserError(
+          dir.string() + ": checkpoint lacks tensor '" + t.name +
+          "' that config.json implies; the "
+          "weights and config.json belong to different models or the download is incomplete");
     if (info->shape != t.shape)
-      throw UserError(dir.string() + ": tensor '" + t.name + "' has shape " + shape_text(info->shape) +
-                      " but config.json implies " + shape_text(t.shape) +
+      throw UserError(dir.string() + ": tensor '" + t.name + "' has shape " +
+                      shape_text(info->shape) + " but config.json implies " + shape_text(t.shape) +
                       "; the weights and config.json belong to different models");
     dtypes[io::dtype_name(info->dtype)]++;
   }
-  std::string summary = std::to_string(ck.files().size()) + " file(s), " + std::to_string(ck.names().size()) +
+  std::string summary = std::to_string(ck.files().size()) + " file(s), " +
+                        std::to_string(ck.names().size()) +
                         " tensors, all shapes match config.json; dtypes:";
   for (const auto& [name, count] : dtypes) summary += " " + name + " x" + std::to_string(count);
-  if (c.tie_word_embeddings && ck.find("lm_head.weight")) summary += "; tied lm_head.weight present (ignored)";
+  if (c.tie_word_embeddings && ck.find("lm_head.weight"))
+    summary += "; tied lm_head.weight present (ignored)";
   return summary;
 }
 
-forja::cli::CommandRegistration reg{"inspect", 30, [](CLI::App& app) {
-  auto* cmd = app.add_subcommand("inspect", "Show a model's architecture, sizes and the GPU memory a QLoRA run needs");
-  auto model_dir = std::make_shared<std::string>();
-  auto settings = std::make_shared<model::TrainingSettings>();
-  auto no_dq = std::make_shared<bool>(false);
-  auto fp32 = std::make_shared<bool>(false);
-  cmd->add_option("--model", *model_dir, "Hugging Face model directory (config.json + safetensors)")->required();
-  cmd->add_option("--seq-len", settings->seq_len, "tokens per sequence")->check(CLI::PositiveNumber);
-  cmd->add_option("--batch", settings->batch, "sequences per micro-batch")->check(CLI::PositiveNumber);
-  cmd->add_option("--lora-rank", settings->lora_rank, "LoRA rank r")->check(CLI::PositiveNumber);
-  cmd->add_flag("--no-double-quant", *no_dq, "NF4 absmax in fp32 instead of double-quantised");
-  cmd->add_flag("--fp32", *fp32, "fp32 activations (reference mode) instead of 16-bit");
-  return [=]() -> int {
-    if (!cmd->parsed()) return -1;  // another subcommand was chosen
-    const std::filesystem::path dir(*model_dir);
-    const model::ModelConfig c = model::load_model_config(dir);
-    model::TrainingSettings s = *settings;
-    s.double_quant = !*no_dq;
-    s.activation_bytes = *fp32 ? 4 : 2;
+forja::cli::CommandRegistration reg{
+    "inspect", 30, [](CLI::App& app) {
+      auto* cmd = app.add_subcommand(
+          "inspect", "Show a model's architecture, sizes and the GPU memory a QLoRA run needs");
+      auto model_dir = std::make_shared<std::string>();
+      auto settings = std::make_shared<model::TrainingSettings>();
+      auto no_dq = std::make_shared<bool>(false);
+      auto fp32 = std::make_shared<bool>(false);
+      cmd->add_option("--model", *model_dir,
+                      "Hugging Face model directory (config.json + safetensors)")
+          ->required();
+      cmd->add_option("--seq-len", settings->seq_len, "tokens per sequence")
+          ->check(CLI::PositiveNumber);
+      cmd->add_option("--batch", settings->batch, "sequences per micro-batch")
+          ->check(CLI::PositiveNumber);
+      cmd->add_option("--lora-rank", settings->lora_rank, "LoRA rank r")
+          ->check(CLI::PositiveNumber);
+      cmd->add_flag("--no-double-quant", *no_dq, "NF4 absmax in fp32 instead of double-quantised");
+      cmd->add_flag("--fp32", *fp32, "fp32 activations (reference mode) instead of 16-bit");
+      return [=]() -> int {
+        if (!cmd->parsed()) return -1;  // another subcommand was chosen
+        const std::filesystem::path dir(*model_dir);
+        const model::ModelConfig c = model::load_model_config(dir);
+        model::TrainingSettings s = *settings;
+        s.double_quant = !*no_dq;
+        s.activation_bytes = *fp32 ? 4 : 2;
 
-    std::printf("model: %s (%s)\n", c.model_type.c_str(), dir.string().c_str());
-    std::printf("  layers %lld, hidden %lld, intermediate %lld, heads %lld (kv %lld), head_dim %lld, vocab %lld\n",
-                (long long)c.num_layers, (long long)c.hidden_size, (long long)c.intermediate_size,
-                (long long)c.num_heads, (long long)c.num_kv_heads, (long long)c.head_dim, (long long)c.vocab_size);
-    std::printf("  LM head %s, q/k/v bias %s, qk-norm %s, rms_norm_eps %g, rope %s theta %g", 
-                c.tie_word_embeddings ? "tied" : "untied", c.qkv_bias ? "yes" : "no", c.qk_norm ? "yes" : "no",
-                c.rms_norm_eps, rope_name(c.rope_scaling.type), c.rope_theta);
-    if (c.rope_scaling.type != model::RopeType::Default) std::printf(" factor %g", c.rope_scaling.factor);
-    std::printf(", max positions %lld", (long long)c.max_position_embeddings);
-    if (c.sliding_window) std::printf(", sliding window %lld", (long long)*c.sliding_window);
-    std::printf("\n  weights: %s\n", check_checkpoint(dir, c).c_str());
+        std::printf("model: %s (%s)\n", c.model_type.c_str(), dir.string().c_str());
+        std::printf(
+            "  layers %lld, hidden %lld, intermediate %lld, heads %lld (kv %lld), head_dim %lld, "
+            "vocab %lld\n",
+            (long long)c.num_layers, (long long)c.hidden_size, (long long)c.intermediate_size,
+            (long long)c.num_heads, (long long)c.num_kv_heads, (long long)c.head_dim,
+            (long long)c.vocab_size);
+        std::printf("  LM head %s, q/k/v bias %s, qk-norm %s, rms_norm_eps %g, rope %s theta %g",
+                    c.tie_word_embeddings ? "tied" : "untied", c.qkv_bias ? "yes" : "no",
+                    c.qk_norm ? "yes" : "no", c.rms_norm_eps, rope_name(c.rope_scaling.type),
+                    c.rope_theta);
+        if (c.rope_scaling.type != model::RopeType::Default)
+          std::printf(" factor %g", c.rope_scaling.factor);
+        std::printf(", max positions %lld", (long long)c.max_position_embeddings);
+        if (c.sliding_window) std::printf(", sliding window %lld", (long long)*c.sliding_window);
+        std::printf("\n  weights: %s\n", check_checkpoint(dir, c).c_str());
 
-    const model::ParameterCounts p = model::count_parameters(c);
-    std::printf("parameters: %s\n", with_commas(p.total()).c_str());
-    std::printf("  embedding %s, LM head %s, linear %s, norms %s, biases %s\n", with_commas(p.embedding).c_str(),
-                c.tie_word_embeddings ? "(tied)" : with_commas(p.lm_head).c_str(), with_commas(p.linear).c_str(),
-                with_commas(p.norm).c_str(), with_commas(p.bias).c_str());
+        const model::ParameterCounts p = model::count_parameters(c);
+        std::printf("parameters: %s\n", with_commas(p.total()).c_str());
+        std::printf("  embedding %s, LM head %s, linear %s, norms %s, biases %s\n",
+                    with_commas(p.embedding).c_str(),
+                    c.tie_word_embeddings ? "(tied)" : with_commas(p.lm_head).c_str(),
+                    with_commas(p.linear).c_str(), with_commas(p.norm).c_str(),
+                    with_commas(p.bias).c_str());
 
-    const model::WeightBytes w = model::weight_bytes(c);
-    std::printf("weights in memory:\n");
-    std::printf("  all 16-bit                 %s\n", gb(w.total_16bit()).c_str());
-    std::printf("  linear 16-bit              %s\n", gb(w.linear_16bit).c_str());
-    std::printf("  linear NF4                 %s\n", gb(w.linear_nf4).c_str());
-    std::printf("  linear NF4 + double quant  %s\n", gb(w.linear_nf4_dq).c_str());
-    std::printf("  embedding 16-bit           %s\n", gb(w.embedding_16bit).c_str());
-    std::printf("  LM head 16-bit             %s\n", c.tie_word_embeddings ? "shared with the embedding" : gb(w.lm_head_16bit).c_str());
-    std::printf("  norms + biases 16-bit      %s\n", gb(w.small_16bit).c_str());
+        const model::WeightBytes w = model::weight_bytes(c);
+        std::printf("weights in memory:\n");
+        std::printf("  all 16-bit                 %s\n", gb(w.total_16bit()).c_str());
+        std::printf("  linear 16-bit              %s\n", gb(w.linear_16bit).c_str());
+        std::printf("  linear NF4                 %s\n", gb(w.linear_nf4).c_str());
+        std::printf("  linear NF4 + double quant  %s\n", gb(w.linear_nf4_dq).c_str());
+        std::printf("  embedding 16-bit           %s\n", gb(w.embedding_16bit).c_str());
+        std::printf("  LM head 16-bit             %s\n", c.tie_word_embeddings
+                                                             ? "shared with the embedding"
+                                                             : gb(w.lm_head_16bit).c_str());
+        std::printf("  norms + biases 16-bit      %s\n", gb(w.small_16bit).c_str());
 
-    for (bool checkpointing : {true, false}) {
-      s.checkpointing = checkpointing;
-      const model::MemoryPlan plan = model::plan_training_memory(c, s);
-      std::printf("GPU memory estimate: batch %lld x seq %lld, LoRA r=%lld on 7 projections, %s activations, "
-                  "checkpointing %s\n",
-                  (long long)s.batch, (long long)s.seq_len, (long long)s.lora_rank, *fp32 ? "fp32" : "16-bit",
-                  checkpointing ? "on" : "off");
-      for (const model::MemoryPart& part : plan.parts)
-        std::printf("  %-26s %12s%s%s\n", part.name.c_str(), gb(part.bytes).c_str(), part.note.empty() ? "" : "  ",
-                    part.note.c_str());
-      std::printf("  %-26s %12s\n", "total", gb(plan.total()).c_str());
-    }
-    return 0;
-  };
-}};
+        for (bool checkpointing : {true, false}) {
+          s.checkpointing = checkpointing;
+          const model::MemoryPlan plan = model::plan_training_memory(c, s);
+          std::printf(
+              "GPU memory estimate: batch %lld x seq %lld, LoRA r=%lld on 7 projections, %s "
+              "activations, "
+              "checkpointing %s\n",
+              (long long)s.batch, (long long)s.seq_len, (long long)s.lora_rank,
+              *fp32 ? "fp32" : "16-bit", checkpointing ? "on" : "off");
+          for (const model::MemoryPart& part : plan.parts)
+            std::printf("  %-26s %12s%s%s\n", part.name.c_str(), gb(part.bytes).c_str(),
+                        part.note.empty() ? "" : "  ", part.note.c_str());
+          std::printf("  %-26s %12s\n", "total", gb(plan.total()).c_str());
+        }
+        return 0;
+      };
+    }};
 
 }  // namespace

@@ -8,22 +8,22 @@
 // through double-buffered shared tiles stored k-major; the next tile is fetched into registers
 // while the current one is multiplied. Loads outside the matrix read as zero and stores outside
 // it are skipped, so any M, N, K (including 1) works.
-//! variant gemm_f32
-//! variant gemm_f16 -DF16_OPERANDS
+//
+// Tile sizes are compile-time constants (variants), not specialization constants: register
+// arrays sized by specialization constants ran about 10x slower on NVIDIA's compiler.
+//! variant gemm_f32_t64 -DBM=64 -DBN=64 -DBK=16 -DTM=4 -DTN=4
+//! variant gemm_f16_t64 -DF16_OPERANDS -DBM=64 -DBN=64 -DBK=16 -DTM=4 -DTN=4
+//! variant gemm_f32_t128 -DBM=128 -DBN=128 -DBK=8 -DTM=8 -DTN=8
+//! variant gemm_f16_t128 -DF16_OPERANDS -DBM=128 -DBN=128 -DBK=8 -DTM=8 -DTN=8
 #extension GL_EXT_control_flow_attributes : require
 #ifdef F16_OPERANDS
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #endif
 
-layout(local_size_x_id = 0) in;
-layout(constant_id = 1) const uint BM = 64;
-layout(constant_id = 2) const uint BN = 64;
-layout(constant_id = 3) const uint BK = 16;
-layout(constant_id = 4) const uint TM = 4;
-layout(constant_id = 5) const uint TN = 4;
-layout(constant_id = 6) const uint TA = 0;
-layout(constant_id = 7) const uint TB = 1;
+layout(local_size_x = (BM / TM) * (BN / TN)) in;
+layout(constant_id = 0) const uint TA = 0;
+layout(constant_id = 1) const uint TB = 1;
 
 #include "gemm_common.glsl"
 

@@ -135,9 +135,8 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
 
   if (kernel == GemmKernel::scalar) {
     const ScalarTile t = scalar_tile(ctx, s);
-    const uint32_t threads = (t.bm / t.tm) * (t.bn / t.tn);
-    const auto& p = ctx.pipelines().get(a.dtype == DType::f16 ? "gemm_f16" : "gemm_f32", 3, sizeof(GemmPush),
-                                        {threads, t.bm, t.bn, t.bk, t.tm, t.tn, s.trans_a, s.trans_b});
+    const std::string variant = std::string(a.dtype == DType::f16 ? "gemm_f16_t" : "gemm_f32_t") + std::to_string(t.bm);
+    const auto& p = ctx.pipelines().get(variant, 3, sizeof(GemmPush), {s.trans_a, s.trans_b});
     ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch,
                  a.dtype == DType::f16 ? "gemm_f16" : "gemm_f32", flops);
     return;

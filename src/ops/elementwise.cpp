@@ -1,0 +1,137 @@
+#include "ops/elementwise.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace forja::ops {
+
+namespace {
+
+struct EwPush {
+  uint32_t n;
+  float alpha;
+};
+struct ReducePush {
+  uint32_t rows, cols, n, slot;
+};
+
+constexpr uint32_t kThreads = 256;
+constexpr uint32_t kMaxGroups = 4096;  // grid-stride loops cover the rest
+
+// Largest element count per dispatch: fits the binding limit, keeps chunk starts aligned.
+uint64_t chunk_elements(const gpu::Context& ctx) {
+  const uint64_t align = std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
+  uint64_t bytes = std::min<uint64_t>(ctx.info().max_storage_buffer_range, 1ull << 31) / align * align;
+  return bytes / 4;
+}
+
+// Runs `variant` over n elements in chunks, each binding sliced to the chunk.
+void run_elementwise(gpu::Context& ctx, const char* variant, const std::vector<gpu::Buffer>& ins,
+                     const std::vector<gpu::Buffer>& outs, uint64_t n, float alpha = 0.0f) {
+  if (n == 0) return;
+  for (const auto& b : ins)
+    if (b.size < n * 4) throw std::logic_error(std::string(variant) + ": input buffer smaller than n elements");
+  for (const auto& b : outs)
+    if (b.size < n * 4) throw std::logic_error(std::string(variant) + ": output buffer smaller than n elements");
+  const uint32_t nb = static_cast<uint32_t>(ins.size() + outs.size());
+  const auto& p = ctx.pipelines().get(variant, nb, sizeof(EwPush));
+  const uint64_t chunk = chunk_elements(ctx);
+  for (uint64_t start = 0; start < n; start += chunk) {
+    const uint64_t len = std::min(chunk, n - start);
+    std::vector<gpu::Binding> bindings;
+    for (const auto& b : ins) bindings.push_back({b.slice(start * 4, len * 4), gpu::Access::read});
+    for (const auto& b : outs) bindings.push_back({b.slice(start * 4, len * 4), gpu::Access::write});
+    const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((len + kThreads - 1) / kThreads, kMaxGroups));
+    ctx.dispatch(p, bindings, EwPush{static_cast<uint32_t>(len), alpha}, groups, 1, 1, variant);
+  }
+}
+
+void run_rows(gpu::Context& ctx, const char* variant, const gpu::Buffer& x, const gpu::Buffer& out, uint32_t rows,
+              uint32_t cols) {
+  if (rows == 0) return;
+  if (x.size < uint64_t(rows) * cols * 4 || out.size < uint64_t(rows) * 4)
+    throw std::logic_error(std::string(variant) + ": buffer smaller than its shape");
+  if (uint64_t(rows) * cols * 4 > ctx.info().max_storage_buffer_range)
+    throw std::logic_error(std::string(variant) + ": input exceeds the binding limit; split the rows");
+  const auto& p = ctx.pipelines().get(variant, 2, sizeof(ReducePush));
+  const uint32_t gx = std::min<uint32_t>(rows, 65535), gy = (rows + gx - 1) / gx;
+  ctx.dispatch(p, {{x.slice(0, uint64_t(rows) * cols * 4), gpu::Access::read}, {out, gpu::Access::write}},
+               ReducePush{rows, cols, 0, 0}, gx, gy, 1, variant);
+}
+
+}  // namespace
+
+void add(gpu::Context& ctx, const gpu::Buffer& a, const gpu::Buffer& b, const gpu::Buffer& y, uint64_t n) {
+  run_elementwise(ctx, "ew_add", {a, b}, {y}, n);
+}
+void scale(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n, float alpha) {
+  run_elementwise(ctx, "ew_scale", {x}, {y}, n, alpha);
+}
+void silu_forward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n) {
+  run_elementwise(ctx, "ew_silu", {x}, {y}, n);
+}
+void silu_backward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& dy, const gpu::Buffer& dx, uint64_t n) {
+  run_elementwise(ctx, "ew_silu_bwd", {x, dy}, {dx}, n);
+}
+void swiglu_forward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& h, uint64_t n) {
+  run_elementwise(ctx, "ew_swiglu", {g, u}, {h}, n);
+}
+void swiglu_backward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& dh,
+                     const gpu::Buffer& dg, const gpu::Buffer& du, uint64_t n) {
+  run_elementwise(ctx, "ew_swiglu_bwd", {g, u, dh}, {dg, du}, n);
+}
+
+void add_row_bias(gpu::Context& ctx, const gpu::Buffer& bias, const gpu::Buffer& y, uint32_t rows, uint32_t cols) {
+  const uint64_t n = uint64_t(rows) * cols;
+  if (n == 0) return;
+  if (bias.size < uint64_t(cols) * 4 || y.size < n * 4) throw std::logic_error("add_row_bias: buffer smaller than its shape");
+  if (n * 4 > ctx.info().max_storage_buffer_range) throw std::logic_error("add_row_bias: y exceeds the binding limit");
+  struct Push {
+    uint32_t n, cols;
+  };
+  const auto& p = ctx.pipelines().get("bias", 2, sizeof(Push));
+  const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((n + kThreads - 1) / kThreads, kMaxGroups));
+  ctx.dispatch(p, {{bias, gpu::Access::read}, {y.slice(0, n * 4), gpu::Access::read_write}},
+               Push{static_cast<uint32_t>(n), cols}, groups, 1, 1, "add_row_bias");
+}
+
+void row_sum(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& out, uint32_t rows, uint32_t cols) {
+  run_rows(ctx, "row_sum", x, out, rows, cols);
+}
+void row_sum_squares(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& out, uint32_t rows, uint32_t cols) {
+  run_rows(ctx, "row_sumsq", x, out, rows, cols);
+}
+void row_max(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& out, uint32_t rows, uint32_t cols) {
+  run_rows(ctx, "row_max", x, out, rows, cols);
+}
+
+void global_l2_norm(gpu::Context& ctx, const std::vector<VectorRef>& buffers, const gpu::Buffer& out) {
+  // Pass 1: each chunk of each buffer writes kGroups partial sums of squares into `partials`
+  // (every slot is written, so no clearing is needed).
+  constexpr uint32_t kGroups = 64;
+  const uint64_t chunk = chunk_elements(ctx);
+  uint64_t slots = 0;
+  for (const auto& v : buffers) slots += (v.n + chunk - 1) / chunk * kGroups;
+  gpu::Buffer partials = ctx.alloc(std::max<uint64_t>(slots, 1) * 4, "global norm partials");
+  const auto& p = ctx.pipelines().get("sumsq_partial", 2, sizeof(ReducePush));
+  uint32_t slot = 0;
+  for (const auto& v : buffers) {
+    if (v.buffer.size < v.n * 4) throw std::logic_error("global_l2_norm: buffer smaller than n elements");
+    for (uint64_t start = 0; start < v.n; start += chunk) {
+      const uint64_t len = std::min(chunk, v.n - start);
+      // Each dispatch writes its own slice of partials, so they need no barriers between them.
+      ctx.dispatch(p,
+                   {{v.buffer.slice(start * 4, len * 4), gpu::Access::read},
+                    {partials.slice(uint64_t(slot) * 4, kGroups * 4), gpu::Access::write}},
+                   ReducePush{0, 0, static_cast<uint32_t>(len), 0}, kGroups, 1, 1, "sumsq_partial");
+      slot += kGroups;
+    }
+  }
+  // Pass 2: one workgroup sums the partials and takes the square root.
+  const auto& f = ctx.pipelines().get("sqrt_sum", 2, sizeof(ReducePush));
+  ctx.dispatch(f, {{partials, gpu::Access::read}, {out, gpu::Access::write}},
+               ReducePush{0, 0, static_cast<uint32_t>(slots), 0}, 1, 1, 1, "sqrt_sum");
+  ctx.free(partials);
+}
+
+}  // namespace forja::ops

@@ -1,0 +1,38 @@
+// Elementwise fp32 ops and reductions (kernels/elementwise.comp, kernels/reduce.comp).
+// Buffers hold fp32 values from their first byte; `n` counts elements. Arrays larger than the
+// device's binding limit are processed in chunks. Outputs may alias inputs.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "gpu/context.h"
+
+namespace forja::ops {
+
+void add(gpu::Context& ctx, const gpu::Buffer& a, const gpu::Buffer& b, const gpu::Buffer& y, uint64_t n);
+void scale(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n, float alpha);
+void silu_forward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n);
+void silu_backward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& dy, const gpu::Buffer& dx, uint64_t n);
+// h = silu(g) * u
+void swiglu_forward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& h, uint64_t n);
+// dg = dh * u * silu'(g), du = dh * silu(g)
+void swiglu_backward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& dh,
+                     const gpu::Buffer& dg, const gpu::Buffer& du, uint64_t n);
+
+// y[r, :] += bias for y fp32 [rows, cols], bias fp32 [cols].
+void add_row_bias(gpu::Context& ctx, const gpu::Buffer& bias, const gpu::Buffer& y, uint32_t rows, uint32_t cols);
+
+// out[r] = sum / sum of squares / max of x[r, 0..cols), x row-major [rows, cols].
+void row_sum(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& out, uint32_t rows, uint32_t cols);
+void row_sum_squares(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& out, uint32_t rows, uint32_t cols);
+void row_max(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& out, uint32_t rows, uint32_t cols);
+
+struct VectorRef {
+  gpu::Buffer buffer;
+  uint64_t n = 0;  // fp32 elements
+};
+// out[0] = sqrt(sum over all buffers of sum of squares): the global L2 norm used for gradient
+// clipping (formats.md 6.3), in fp32.
+void global_l2_norm(gpu::Context& ctx, const std::vector<VectorRef>& buffers, const gpu::Buffer& out);
+
+}  // namespace forja::ops

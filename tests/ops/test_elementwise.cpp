@@ -1,0 +1,156 @@
+// Elementwise ops and reductions against the double-precision references (ops/ref), on random
+// inputs of awkward sizes, with sentinels after every output.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+
+#include "ops/elementwise.h"
+#include "ops/ref/elementwise_ref.h"
+#include "ops/ref/swiglu_ref.h"
+#include "support/gpu_fixture.h"
+
+namespace forja::test {
+namespace {
+
+constexpr float kSentinel = 777.25f;
+constexpr uint32_t kPad = 16;  // sentinel elements after each output
+
+class ElementwiseTest : public GpuTest {
+ protected:
+  std::vector<float> random(size_t n, float lo = -4.0f, float hi = 4.0f) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = u(rng_);
+    return v;
+  }
+  gpu::Buffer upload(const std::vector<float>& v) {
+    gpu::Buffer b = ctx().alloc((v.size() + kPad) * 4);
+    std::vector<float> padded(v);
+    padded.resize(v.size() + kPad, kSentinel);
+    ctx().upload(b, padded);
+    bufs_.push_back(b);
+    return b;
+  }
+  gpu::Buffer output(size_t n) { return upload(std::vector<float>(n, std::nanf(""))), bufs_.back(); }
+  // Downloads n values and checks the sentinels after them.
+  std::vector<float> result(const gpu::Buffer& b, size_t n) {
+    auto v = ctx().download<float>(b, n + kPad);
+    for (uint32_t i = 0; i < kPad; ++i) EXPECT_EQ(v[n + i], kSentinel) << "write past the end at +" << i;
+    v.resize(n);
+    return v;
+  }
+  static void expect_close(const std::vector<float>& got, const std::vector<double>& want, double rtol) {
+    ASSERT_EQ(got.size(), want.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (!(std::abs(got[i] - want[i]) <= rtol * (1.0 + std::abs(want[i]))) && bad++ < 5)
+        ADD_FAILURE() << "element " << i << ": " << got[i] << " vs " << want[i];
+    EXPECT_EQ(bad, 0u);
+  }
+  void TearDown() override {
+    for (auto& b : bufs_) ctx().free(b);
+    GpuTest::TearDown();
+  }
+  std::mt19937 rng_{42};
+  std::vector<gpu::Buffer> bufs_;
+};
+
+std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+TEST_F(ElementwiseTest, AddScaleSilu) {
+  for (size_t n : {1u, 7u, 255u, 257u, 100003u}) {
+    SCOPED_TRACE(n);
+    auto a = random(n), b = random(n);
+    auto ga = upload(a), gb = upload(b), gy = output(n), gs = output(n), gsi = output(n), gdx = output(n);
+    ops::add(ctx(), ga, gb, gy, n);
+    ops::scale(ctx(), ga, gs, n, -1.75f);
+    ops::silu_forward(ctx(), ga, gsi, n);
+    ops::silu_backward(ctx(), ga, gb, gdx, n);
+    std::vector<double> y(n), s(n), si(n), dx(n);
+    auto ad = to_double(a), bd = to_double(b);
+    ref::add(y.data(), ad.data(), bd.data(), n);
+    ref::scale(s.data(), ad.data(), -1.75, n);
+    ref::silu_forward(si.data(), ad.data(), n);
+    ref::silu_backward(dx.data(), bd.data(), ad.data(), n);
+    expect_close(result(gy, n), y, 1e-6);
+    expect_close(result(gs, n), s, 1e-6);
+    expect_close(result(gsi, n), si, 1e-5);
+    expect_close(result(gdx, n), dx, 1e-5);
+  }
+}
+
+TEST_F(ElementwiseTest, InPlaceAdd) {
+  const size_t n = 1001;
+  auto a = random(n), b = random(n);
+  auto ga = upload(a), gb = upload(b);
+  ops::add(ctx(), ga, gb, ga, n);
+  std::vector<double> y(n);
+  auto ad = to_double(a), bd = to_double(b);
+  ref::add(y.data(), ad.data(), bd.data(), n);
+  expect_close(result(ga, n), y, 1e-6);
+}
+
+TEST_F(ElementwiseTest, SwigluForwardBackward) {
+  for (size_t n : {1u, 33u, 4099u}) {
+    SCOPED_TRACE(n);
+    auto g = random(n), u = random(n), dh = random(n);
+    auto gg = upload(g), gu = upload(u), gdh = upload(dh), gh = output(n), gdg = output(n), gdu = output(n);
+    ops::swiglu_forward(ctx(), gg, gu, gh, n);
+    ops::swiglu_backward(ctx(), gg, gu, gdh, gdg, gdu, n);
+    auto gd = to_double(g), ud = to_double(u), dhd = to_double(dh);
+    std::vector<double> h(n), dg(n), du(n);
+    ref::swiglu_forward(h.data(), gd.data(), ud.data(), n);
+    ref::swiglu_backward(dg.data(), du.data(), dhd.data(), gd.data(), ud.data(), n);
+    expect_close(result(gh, n), h, 1e-5);
+    expect_close(result(gdg, n), dg, 1e-5);
+    expect_close(result(gdu, n), du, 1e-5);
+  }
+}
+
+TEST_F(ElementwiseTest, RowReductions) {
+  struct Shape {
+    uint32_t rows, cols;
+  };
+  for (Shape s : {Shape{1, 1}, Shape{3, 777}, Shape{70, 13}, Shape{2, 4100}}) {
+    SCOPED_TRACE(std::to_string(s.rows) + "x" + std::to_string(s.cols));
+    auto x = random(size_t(s.rows) * s.cols);
+    auto gx = upload(x), gsum = output(s.rows), gsq = output(s.rows), gmax = output(s.rows);
+    ops::row_sum(ctx(), gx, gsum, s.rows, s.cols);
+    ops::row_sum_squares(ctx(), gx, gsq, s.rows, s.cols);
+    ops::row_max(ctx(), gx, gmax, s.rows, s.cols);
+    auto xd = to_double(x);
+    std::vector<double> sum(s.rows), sq(s.rows), mx(s.rows);
+    ref::row_sum(sum.data(), xd.data(), s.rows, s.cols);
+    ref::row_sum_squares(sq.data(), xd.data(), s.rows, s.cols);
+    ref::row_max(mx.data(), xd.data(), s.rows, s.cols);
+    expect_close(result(gsum, s.rows), sum, 1e-5);
+    expect_close(result(gsq, s.rows), sq, 1e-5);
+    expect_close(result(gmax, s.rows), mx, 0.0);
+  }
+}
+
+TEST_F(ElementwiseTest, GlobalL2NormOverManyBuffers) {
+  std::vector<std::vector<float>> host;
+  std::vector<ops::VectorRef> refs;
+  for (size_t n : {1u, 17u, 4096u, 300001u, 5u}) {
+    host.push_back(random(n, -0.01f, 0.01f));
+    refs.push_back({upload(host.back()), n});
+  }
+  auto out = output(1);
+  ops::global_l2_norm(ctx(), refs, out);
+  std::vector<std::vector<double>> hd;
+  std::vector<const double*> ptrs;
+  std::vector<int64_t> sizes;
+  for (auto& h : host) hd.push_back(to_double(h));
+  for (auto& h : hd) {
+    ptrs.push_back(h.data());
+    sizes.push_back(static_cast<int64_t>(h.size()));
+  }
+  double want = ref::global_l2_norm(ptrs.data(), sizes.data(), static_cast<int64_t>(ptrs.size()));
+  expect_close(result(out, 1), {want}, 1e-5);
+}
+
+}  // namespace
+}  // namespace forja::test
