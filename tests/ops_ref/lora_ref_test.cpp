@@ -134,5 +134,31 @@ TEST(RefLora, MergedWeightGivesTheSameOutput) {
   EXPECT_LT(test::max_rel_diff(y_merged, y), 1e-14);
 }
 
+TEST(RefLora, RankZeroIsThePlainLinear) {
+  // rank 0: y = x W^T + b and dx = dy W (a frozen linear without adapter, e.g. Qwen2's biased q).
+  std::mt19937_64 rng(38);
+  const int64_t tokens = 7, in = 13, out = 5;
+  std::vector<double> x = random_vec(rng, tokens * in);
+  const std::vector<double> w = random_vec(rng, out * in), bias = random_vec(rng, out);
+  const std::vector<double> dy = random_vec(rng, tokens * out);
+  std::vector<double> y(tokens * out), dx(tokens * in);
+  lora_forward(y.data(), nullptr, x.data(), w.data(), bias.data(), nullptr, nullptr, nullptr, 2.0,
+               tokens, in, out, 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t o = 0; o < out; ++o) {
+      double want = bias[o];
+      for (int64_t i = 0; i < in; ++i) want += x[t * in + i] * w[o * in + i];
+      EXPECT_NEAR(y[t * out + o], want, 1e-13);
+    }
+  }
+  lora_backward(dx.data(), nullptr, nullptr, dy.data(), x.data(), w.data(), nullptr, nullptr,
+                nullptr, 2.0, tokens, in, out, 0);
+  EXPECT_FD_OK(fd_check(x, dx, [&] {
+    lora_forward(y.data(), nullptr, x.data(), w.data(), bias.data(), nullptr, nullptr, nullptr,
+                 2.0, tokens, in, out, 0);
+    return test::dot(dy, y);
+  }));
+}
+
 }  // namespace
 }  // namespace forja::ref
