@@ -23,7 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::uint64_t position = 0;
     for (const forja::io::TensorInfo& t : h.tensors) {
       if (t.begin != position || t.end < t.begin) std::abort();
-      if (t.byte_size() != static_cast<std::uint64_t>(t.numel()) * forja::io::dtype_size(t.dtype)) std::abort();
+      if (t.byte_size() != static_cast<std::uint64_t>(t.numel()) * forja::io::dtype_size(t.dtype))
+        std::abort();
       position = t.end;
     }
     if (position != h.data_size || 8 + h.header_size + h.data_size != size) std::abort();

@@ -28,7 +28,8 @@ std::string shape_text(std::int64_t a, std::int64_t b) {
 }  // namespace
 
 double LoraConfig::scaling() const {
-  return use_rslora ? lora_alpha / std::sqrt(static_cast<double>(r)) : lora_alpha / static_cast<double>(r);
+  return use_rslora ? lora_alpha / std::sqrt(static_cast<double>(r))
+                    : lora_alpha / static_cast<double>(r);
 }
 
 const LoraTarget* LoraTargetShapes::find(const std::string& name) const {
@@ -38,14 +39,16 @@ const LoraTarget* LoraTargetShapes::find(const std::string& name) const {
 }
 
 std::string lora_tensor_name(std::int64_t layer, const std::string& module_path, char a_or_b) {
-  return kPrefix + std::to_string(layer) + "." + module_path + ".lora_" + std::string(1, a_or_b) + ".weight";
+  return kPrefix + std::to_string(layer) + "." + module_path + ".lora_" + std::string(1, a_or_b) +
+         ".weight";
 }
 
 std::string adapter_config_json(const LoraConfig& c) {
   json j;  // nlohmann's object is a std::map: keys come out sorted, as PEFT's sort_keys=True
   j["alpha_pattern"] = json::object();
   j["auto_mapping"] = nullptr;
-  j["base_model_name_or_path"] = c.base_model_name_or_path.empty() ? json(nullptr) : json(c.base_model_name_or_path);
+  j["base_model_name_or_path"] =
+      c.base_model_name_or_path.empty() ? json(nullptr) : json(c.base_model_name_or_path);
   j["bias"] = "none";
   j["fan_in_fan_out"] = false;
   j["inference_mode"] = c.inference_mode;
@@ -85,10 +88,12 @@ LoraConfig parse_adapter_config(const std::string& text, const std::string& sour
     fail("\"peft_type\" must be \"LORA\"; forja reads LoRA adapters only");
 
   LoraConfig c;
-  if (const json* v = get("base_model_name_or_path"); v && v->is_string()) c.base_model_name_or_path = v->get<std::string>();
+  if (const json* v = get("base_model_name_or_path"); v && v->is_string())
+    c.base_model_name_or_path = v->get<std::string>();
   if (const json* v = get("revision"); v && v->is_string()) c.revision = v->get<std::string>();
   if (const json* v = get("r")) {
-    if (!v->is_number_integer() || v->get<std::int64_t>() <= 0) fail("\"r\" must be a positive integer, got " + v->dump());
+    if (!v->is_number_integer() || v->get<std::int64_t>() <= 0)
+      fail("\"r\" must be a positive integer, got " + v->dump());
     c.r = v->get<std::int64_t>();
   }
   if (const json* v = get("lora_alpha")) {
@@ -103,7 +108,10 @@ LoraConfig parse_adapter_config(const std::string& text, const std::string& sour
   if (const json* v = get("inference_mode")) c.inference_mode = v->is_boolean() && v->get<bool>();
 
   const json* targets = get("target_modules");
-  if (!targets) fail("\"target_modules\" is missing; list the adapted projections, e.g. [\"q_proj\", \"v_proj\"]");
+  if (!targets)
+    fail(
+        "\"target_modules\" is missing; list the adapted projections, e.g. [\"q_proj\", "
+        "\"v_proj\"]");
   if (targets->is_string()) {
     if (targets->get<std::string>() != "all-linear")
       fail("\"target_modules\" is the regular expression " + targets->dump() +
@@ -126,20 +134,31 @@ LoraConfig parse_adapter_config(const std::string& text, const std::string& sour
     if (v->is_object() || v->is_array() || v->is_string()) return !v->empty();
     return true;
   };
-  if (truthy("use_dora")) fail("DoRA adapters (\"use_dora\": true) are not supported; use a plain LoRA adapter");
-  if (truthy("fan_in_fan_out")) fail("\"fan_in_fan_out\": true is for GPT-2-style Conv1D weights, which these models do not have");
+  if (truthy("use_dora"))
+    fail("DoRA adapters (\"use_dora\": true) are not supported; use a plain LoRA adapter");
+  if (truthy("fan_in_fan_out"))
+    fail(
+        "\"fan_in_fan_out\": true is for GPT-2-style Conv1D weights, which these models do not "
+        "have");
   if (const json* v = get("bias"); v && (!v->is_string() || v->get<std::string>() != "none"))
     fail("\"bias\" is " + v->dump() + "; forja supports only \"none\" (no trained biases)");
   if (truthy("rank_pattern") || truthy("alpha_pattern"))
-    fail("per-module \"rank_pattern\"/\"alpha_pattern\" are not supported; use one r and lora_alpha for all projections");
+    fail(
+        "per-module \"rank_pattern\"/\"alpha_pattern\" are not supported; use one r and lora_alpha "
+        "for all projections");
   if (truthy("modules_to_save"))
-    fail("\"modules_to_save\" (fully trained extra modules) is not supported; only LoRA factors are loaded");
+    fail(
+        "\"modules_to_save\" (fully trained extra modules) is not supported; only LoRA factors are "
+        "loaded");
   if (truthy("layers_to_transform"))
-    fail("\"layers_to_transform\" (LoRA on some layers only) is not supported; the adapter must cover every layer");
+    fail(
+        "\"layers_to_transform\" (LoRA on some layers only) is not supported; the adapter must "
+        "cover every layer");
   return c;
 }
 
-std::vector<const LoraTarget*> resolve_targets(const LoraConfig& config, const LoraTargetShapes& shapes,
+std::vector<const LoraTarget*> resolve_targets(const LoraConfig& config,
+                                               const LoraTargetShapes& shapes,
                                                const std::string& source) {
   std::vector<const LoraTarget*> out;
   std::set<const LoraTarget*> seen;
@@ -155,7 +174,8 @@ std::vector<const LoraTarget*> resolve_targets(const LoraConfig& config, const L
     if (matched.empty()) {
       std::string names;
       for (const LoraTarget& t : shapes.targets) names += (names.empty() ? "" : ", ") + t.name;
-      throw UserError(source + ": target module \"" + entry + "\" is not a projection forja can adapt (" + names + ")");
+      throw UserError(source + ": target module \"" + entry +
+                      "\" is not a projection forja can adapt (" + names + ")");
     }
     for (const LoraTarget* t : matched)
       if (seen.insert(t).second) out.push_back(t);
@@ -166,7 +186,8 @@ std::vector<const LoraTarget*> resolve_targets(const LoraConfig& config, const L
   return out;
 }
 
-void save_adapter(const std::filesystem::path& dir, const Adapter& adapter, const LoraTargetShapes& shapes) {
+void save_adapter(const std::filesystem::path& dir, const Adapter& adapter,
+                  const LoraTargetShapes& shapes) {
   const std::int64_t r = adapter.config.r;
   std::vector<TensorToWrite> tensors;
   std::set<std::string> names;
@@ -183,12 +204,16 @@ void save_adapter(const std::filesystem::path& dir, const Adapter& adapter, cons
     const std::string a_name = lora_tensor_name(w.layer, t->module_path, 'A');
     if (!names.insert(a_name).second) throw UserError("save_adapter: " + a_name + " given twice");
     tensors.push_back({a_name, Dtype::F32, {r, t->in_features}, std::as_bytes(std::span(w.a)), {}});
-    tensors.push_back({lora_tensor_name(w.layer, t->module_path, 'B'), Dtype::F32, {t->out_features, r},
-                       std::as_bytes(std::span(w.b)), {}});
+    tensors.push_back({lora_tensor_name(w.layer, t->module_path, 'B'),
+                       Dtype::F32,
+                       {t->out_features, r},
+                       std::as_bytes(std::span(w.b)),
+                       {}});
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  if (ec) throw UserError(dir.string() + ": cannot create the adapter directory (" + ec.message() + ")");
+  if (ec)
+    throw UserError(dir.string() + ": cannot create the adapter directory (" + ec.message() + ")");
   write_safetensors(dir / "adapter_model.safetensors", std::move(tensors));
   write_file_atomic(dir / "adapter_config.json", adapter_config_json(adapter.config));
 }
@@ -198,12 +223,14 @@ Adapter load_adapter(const std::filesystem::path& dir, const LoraTargetShapes& s
   const std::filesystem::path weights_path = dir / "adapter_model.safetensors";
   std::error_code ec;
   if (!std::filesystem::exists(config_path, ec))
-    throw UserError(config_path.string() + ": not found; an adapter directory holds adapter_config.json and "
+    throw UserError(config_path.string() +
+                    ": not found; an adapter directory holds adapter_config.json and "
                     "adapter_model.safetensors (adapters saved as .bin must be converted first)");
   Adapter adapter;
   adapter.config = parse_adapter_config(read_text_file(config_path), config_path.string());
   const std::int64_t r = adapter.config.r;
-  const std::vector<const LoraTarget*> targets = resolve_targets(adapter.config, shapes, config_path.string());
+  const std::vector<const LoraTarget*> targets =
+      resolve_targets(adapter.config, shapes, config_path.string());
 
   SafetensorsFile file = SafetensorsFile::open(weights_path);
   const std::string where = weights_path.string() + ": ";
@@ -218,15 +245,19 @@ Adapter load_adapter(const std::filesystem::path& dir, const LoraTargetShapes& s
         expected.insert(name);
         const TensorInfo* info = file.find(name);
         if (!info)
-          throw UserError(where + "missing tensor '" + name + "'; adapter_config.json targets " + t->name +
+          throw UserError(where + "missing tensor '" + name + "'; adapter_config.json targets " +
+                          t->name +
                           " in every layer: the adapter is incomplete or for another model");
-        const std::vector<std::int64_t> want =
-            which == 'A' ? std::vector<std::int64_t>{r, t->in_features} : std::vector<std::int64_t>{t->out_features, r};
+        const std::vector<std::int64_t> want = which == 'A'
+                                                   ? std::vector<std::int64_t>{r, t->in_features}
+                                                   : std::vector<std::int64_t>{t->out_features, r};
         if (info->shape != want) {
           std::string got = "[";
-          for (std::size_t i = 0; i < info->shape.size(); ++i) got += (i ? ", " : "") + std::to_string(info->shape[i]);
-          throw UserError(where + "tensor '" + name + "' has shape " + got + "] but r = " + std::to_string(r) +
-                          " and the model need " + shape_text(want[0], want[1]) +
+          for (std::size_t i = 0; i < info->shape.size(); ++i)
+            got += (i ? ", " : "") + std::to_string(info->shape[i]);
+          throw UserError(where + "tensor '" + name + "' has shape " + got +
+                          "] but r = " + std::to_string(r) + " and the model need " +
+                          shape_text(want[0], want[1]) +
                           "; the adapter was trained for a different model or rank");
         }
         (which == 'A' ? w.a : w.b) = file.view(*info).to_float();
@@ -236,8 +267,10 @@ Adapter load_adapter(const std::filesystem::path& dir, const LoraTargetShapes& s
   }
   for (const TensorInfo& t : file.tensors())
     if (!expected.count(t.name))
-      throw UserError(where + "unexpected tensor '" + t.name + "' (not a lora_A/lora_B of a targeted projection "
-                      "in layers 0.." + std::to_string(shapes.num_layers - 1) +
+      throw UserError(where + "unexpected tensor '" + t.name +
+                      "' (not a lora_A/lora_B of a targeted projection "
+                      "in layers 0.." +
+                      std::to_string(shapes.num_layers - 1) +
                       "); the adapter does not match the model or adapter_config.json");
   return adapter;
 }

@@ -71,12 +71,14 @@ LoraConfig parse_adapter_config(const std::string& text, const std::string& sour
 
 // Resolves target_modules entries ("q_proj", "self_attn.q_proj", or "all-linear") to targets.
 // Throws UserError naming `source` for an entry that matches no projection.
-std::vector<const LoraTarget*> resolve_targets(const LoraConfig& config, const LoraTargetShapes& shapes,
+std::vector<const LoraTarget*> resolve_targets(const LoraConfig& config,
+                                               const LoraTargetShapes& shapes,
                                                const std::string& source);
 
 // Writes DIR/adapter_config.json and DIR/adapter_model.safetensors (F32), each atomically,
 // creating DIR. Checks every factor's size against `shapes` first.
-void save_adapter(const std::filesystem::path& dir, const Adapter& adapter, const LoraTargetShapes& shapes);
+void save_adapter(const std::filesystem::path& dir, const Adapter& adapter,
+                  const LoraTargetShapes& shapes);
 
 // Reads an adapter directory. Every (layer, target) pair must have both factors with shapes
 // [r, in] and [out, r]; unknown or extra tensors are errors. Throws UserError naming the file,

@@ -42,9 +42,10 @@ AtomicFile::AtomicFile(std::filesystem::path path) : path_(std::move(path)) {
   fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     int err = errno;
-    throw UserError(path_.string() + ": cannot create a file in " +
-                    (path_.parent_path().empty() ? std::string(".") : path_.parent_path().string()) +
-                    " (" + errno_text(err) + "); check that the directory exists and is writable");
+    throw UserError(
+        path_.string() + ": cannot create a file in " +
+        (path_.parent_path().empty() ? std::string(".") : path_.parent_path().string()) + " (" +
+        errno_text(err) + "); check that the directory exists and is writable");
   }
 }
 
@@ -61,9 +62,10 @@ void AtomicFile::write(const void* data, std::size_t size) {
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;
-      throw UserError(path_.string() + ": writing failed after " + std::to_string(written_) +
-                      " bytes (" + errno_text(err) +
-                      "); free disk space or write elsewhere. The previous file, if any, is intact");
+      throw UserError(
+          path_.string() + ": writing failed after " + std::to_string(written_) + " bytes (" +
+          errno_text(err) +
+          "); free disk space or write elsewhere. The previous file, if any, is intact");
     }
     p += n;
     size -= static_cast<std::size_t>(n);

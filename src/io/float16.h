@@ -13,8 +13,9 @@ inline float bf16_to_float(std::uint16_t h) {
 
 inline std::uint16_t float_to_bf16(float f) {
   std::uint32_t u = std::bit_cast<std::uint32_t>(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<std::uint16_t>((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7fffu + ((u >> 16) & 1u);                        // round to nearest, ties to even
   return static_cast<std::uint16_t>(u >> 16);
 }
 
@@ -45,7 +46,7 @@ inline std::uint16_t float_to_f16(float f) {
   const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
   const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds to inf
   if (abs < 0x38800000u) {
     // Result is subnormal (or zero): value / 2^-24, rounded to nearest even. Adding 0.5f moves
@@ -53,8 +54,8 @@ inline std::uint16_t float_to_f16(float f) {
     float scaled = std::bit_cast<float>(abs) + 0.5f;
     return static_cast<std::uint16_t>(sign | (std::bit_cast<std::uint32_t>(scaled) - 0x3f000000u));
   }
-  std::uint32_t v = abs - (112u << 23);             // rebias 127 -> 15
-  v += 0xfffu + ((v >> 13) & 1u);                  // round to nearest, ties to even
+  std::uint32_t v = abs - (112u << 23);  // rebias 127 -> 15
+  v += 0xfffu + ((v >> 13) & 1u);        // round to nearest, ties to even
   return static_cast<std::uint16_t>(sign | (v >> 13));
 }
 

@@ -34,8 +34,9 @@ nlohmann::json parse_json_strict(std::string_view text, const std::string& file,
         const std::string& key = parsed.get_ref<const std::string&>();
         if (!open.empty() && !open.back().insert(key).second)
           throw UserError(file + ": duplicate key \"" + key + "\"" +
-                          (open.size() == 1 ? std::string(" at the top level")
-                                            : " inside an object at depth " + std::to_string(open.size())) +
+                          (open.size() == 1
+                               ? std::string(" at the top level")
+                               : " inside an object at depth " + std::to_string(open.size())) +
                           "; each name may appear once: the file is corrupt or was edited by hand");
         break;
       }
@@ -57,7 +58,8 @@ std::string read_text_file(const std::filesystem::path& path) {
   if (std::filesystem::is_directory(path, ec))
     throw UserError(path.string() + ": is a directory, expected a file");
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw UserError(path.string() + ": cannot open the file; check the path and permissions");
+  if (!in)
+    throw UserError(path.string() + ": cannot open the file; check the path and permissions");
   std::ostringstream buffer;
   buffer << in.rdbuf();
   if (in.bad()) throw UserError(path.string() + ": read error; check the disk and the file");

@@ -12,7 +12,8 @@ namespace forja::io {
 
 // Parses `text`; throws UserError naming `file` on invalid JSON, invalid UTF-8, a duplicated key
 // in any object, or nesting deeper than `max_depth` (objects and arrays).
-nlohmann::json parse_json_strict(std::string_view text, const std::string& file, int max_depth = 64);
+nlohmann::json parse_json_strict(std::string_view text, const std::string& file,
+                                 int max_depth = 64);
 
 // Reads a whole file; throws UserError naming it when it cannot be read.
 std::string read_text_file(const std::filesystem::path& path);

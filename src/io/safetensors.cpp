@@ -94,7 +94,8 @@ TensorInfo parse_entry(const std::string& name, const json& entry, const std::st
   if (!shape_it->is_array()) corrupt(file, where + " has a shape that is not an array");
   for (const json& d : *shape_it) {
     std::uint64_t dim = as_count(d, file, where + " shape entry");
-    if (dim > static_cast<std::uint64_t>(INT64_MAX)) corrupt(file, where + " has a dimension too large");
+    if (dim > static_cast<std::uint64_t>(INT64_MAX))
+      corrupt(file, where + " has a dimension too large");
     info.shape.push_back(static_cast<std::int64_t>(dim));
   }
   if (!offsets_it->is_array() || offsets_it->size() != 2)
@@ -118,9 +119,12 @@ std::size_t dtype_size(Dtype dtype) { return dtype == Dtype::F32 ? 4 : 2; }
 
 const char* dtype_name(Dtype dtype) {
   switch (dtype) {
-    case Dtype::F32: return "F32";
-    case Dtype::F16: return "F16";
-    case Dtype::BF16: return "BF16";
+    case Dtype::F32:
+      return "F32";
+    case Dtype::F16:
+      return "F16";
+    case Dtype::BF16:
+      return "BF16";
   }
   return "?";
 }
@@ -174,7 +178,8 @@ SafetensorsHeader parse_safetensors(std::span<const std::byte> file, const std::
   for (const TensorInfo& t : out.tensors) {
     const std::string offsets = "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
     if (t.end < t.begin)
-      corrupt(file_name, "tensor '" + t.name + "' has data_offsets " + offsets + " that end before they begin");
+      corrupt(file_name, "tensor '" + t.name + "' has data_offsets " + offsets +
+                             " that end before they begin");
     if (t.begin > position) {
       corrupt(file_name, previous ? "gap of " + std::to_string(t.begin - position) +
                                         " bytes between tensor '" + previous->name + "' (ends at " +
@@ -184,21 +189,25 @@ SafetensorsHeader parse_safetensors(std::span<const std::byte> file, const std::
                                         std::to_string(t.begin) + " of the data, not at 0");
     }
     if (t.begin < position)
-      corrupt(file_name, "tensor '" + t.name + "' (data_offsets " + offsets + ") overlaps tensor '" +
-                             previous->name + "' (ends at " + std::to_string(position) + ")");
+      corrupt(file_name, "tensor '" + t.name + "' (data_offsets " + offsets +
+                             ") overlaps tensor '" + previous->name + "' (ends at " +
+                             std::to_string(position) + ")");
     auto need = needed_bytes(t);
     if (!need)
-      corrupt(file_name, "tensor '" + t.name + "' has shape " + shape_text(t.shape) + " whose size overflows");
+      corrupt(file_name,
+              "tensor '" + t.name + "' has shape " + shape_text(t.shape) + " whose size overflows");
     if (*need != t.end - t.begin)
       corrupt(file_name, "tensor '" + t.name + "' has " + std::to_string(t.end - t.begin) +
-                             " bytes (data_offsets " + offsets + ") but shape " + shape_text(t.shape) +
-                             " of " + dtype_name(t.dtype) + " needs " + std::to_string(*need) + " bytes");
+                             " bytes (data_offsets " + offsets + ") but shape " +
+                             shape_text(t.shape) + " of " + dtype_name(t.dtype) + " needs " +
+                             std::to_string(*need) + " bytes");
     position = t.end;
     previous = &t;
   }
   if (position > out.data_size)
-    corrupt(file_name, "tensors need " + std::to_string(position) + " data bytes but the file has " +
-                           std::to_string(out.data_size) + " after the header: the file is truncated");
+    corrupt(file_name, "tensors need " + std::to_string(position) +
+                           " data bytes but the file has " + std::to_string(out.data_size) +
+                           " after the header: the file is truncated");
   if (position < out.data_size)
     corrupt(file_name, "the file has " + std::to_string(out.data_size - position) +
                            " bytes after the last tensor's end (data_offsets cover " +
@@ -273,7 +282,8 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw UserError(name + ": not a regular file; give the path of a .safetensors file or model directory");
+    throw UserError(
+        name + ": not a regular file; give the path of a .safetensors file or model directory");
   }
   state->map_size = static_cast<std::size_t>(st.st_size);
   if (state->map_size > 0) {
@@ -318,6 +328,16 @@ TensorView SafetensorsFile::tensor(std::string_view name) const {
   return view(*info);
 }
 
+void SafetensorsFile::release(const TensorInfo& info) const {
+  // Only whole pages inside the tensor: the neighbours' bytes may still be wanted.
+  const std::uintptr_t page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const std::uintptr_t begin = reinterpret_cast<std::uintptr_t>(state_->data + info.begin);
+  const std::uintptr_t end = reinterpret_cast<std::uintptr_t>(state_->data + info.end);
+  const std::uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  // The mapping is private and never written, so dropping pages loses nothing; failure is harmless.
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 // ---- SafetensorsCheckpoint ----
 
 namespace {
@@ -339,7 +359,8 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::filesystem::path& p
     } else if (fs::exists(path / "model.safetensors.index.json", ec)) {
       index_path = path / "model.safetensors.index.json";
     } else {
-      throw UserError(path.string() + ": has neither model.safetensors nor "
+      throw UserError(path.string() +
+                      ": has neither model.safetensors nor "
                       "model.safetensors.index.json; point at a Hugging Face model directory "
                       "with safetensors weights (convert .bin weights with transformers first)");
     }
@@ -352,18 +373,20 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::filesystem::path& p
   if (!index_path.empty()) {
     json index = read_json_file(index_path);
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
-      throw UserError(index_problem(index_path, "has no \"weight_map\" object; the index is "
-                                                "damaged: re-download model.safetensors.index.json"));
+      throw UserError(index_problem(index_path,
+                                    "has no \"weight_map\" object; the index is "
+                                    "damaged: re-download model.safetensors.index.json"));
     // Group the tensors by shard, opening each shard once, in name order for determinism.
     std::map<std::string, std::vector<std::string>> by_shard;
     for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
       if (!it->is_string())
-        throw UserError(index_problem(index_path, "weight_map entry for '" + it.key() +
-                                                      "' is not a file name string"));
+        throw UserError(index_problem(
+            index_path, "weight_map entry for '" + it.key() + "' is not a file name string"));
       const std::string& shard = it->get_ref<const std::string&>();
       if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..")
         throw UserError(index_problem(index_path, "weight_map names '" + shard + "' for tensor '" +
-                                                      it.key() + "', which is not a plain file name "
+                                                      it.key() +
+                                                      "', which is not a plain file name "
                                                       "in the model directory"));
       by_shard[shard].push_back(it.key());
     }
@@ -373,9 +396,9 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::filesystem::path& p
     for (const auto& [shard, names] : by_shard) {
       const fs::path shard_path = dir / shard;
       if (!fs::exists(shard_path, ec))
-        throw UserError(index_problem(index_path, "names shard '" + shard + "' (for tensor '" +
-                                                      names.front() + "') but " + shard_path.string() +
-                                                      " does not exist; download the missing shard"));
+        throw UserError(index_problem(
+            index_path, "names shard '" + shard + "' (for tensor '" + names.front() + "') but " +
+                            shard_path.string() + " does not exist; download the missing shard"));
       ck.files_.push_back(SafetensorsFile::open(shard_path));
       const SafetensorsFile& file = ck.files_.back();
       for (const std::string& name : names)
@@ -391,8 +414,8 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::filesystem::path& p
     for (const TensorInfo& t : ck.files_[f].tensors()) {
       auto [it, inserted] = ck.by_name_.emplace(t.name, Location{f, &t});
       if (!inserted)
-        throw UserError(ck.files_[f].path().string() + ": tensor '" + t.name + "' also appears in " +
-                        ck.files_[it->second.file].path().string() +
+        throw UserError(ck.files_[f].path().string() + ": tensor '" + t.name +
+                        "' also appears in " + ck.files_[it->second.file].path().string() +
                         "; a checkpoint must hold each tensor once: re-download the model");
     }
   }
@@ -415,12 +438,17 @@ TensorView SafetensorsCheckpoint::tensor(std::string_view name) const {
   auto it = by_name_.find(name);
   if (it == by_name_.end()) {
     std::string where = files_.size() == 1 ? files_[0].path().string()
-                                           : files_.empty() ? std::string("checkpoint")
-                                                            : files_[0].path().parent_path().string();
+                        : files_.empty()   ? std::string("checkpoint")
+                                           : files_[0].path().parent_path().string();
     throw UserError(where + ": has no tensor '" + std::string(name) +
                     "'; the checkpoint does not match the model's config.json");
   }
   return files_[it->second.file].view(*it->second.info);
+}
+
+void SafetensorsCheckpoint::release(std::string_view name) const {
+  auto it = by_name_.find(name);
+  if (it != by_name_.end()) files_[it->second.file].release(*it->second.info);
 }
 
 std::uint64_t SafetensorsCheckpoint::total_tensor_bytes() const {
@@ -434,7 +462,8 @@ std::uint64_t SafetensorsCheckpoint::total_tensor_bytes() const {
 std::uint64_t TensorToWrite::byte_size() const {
   std::uint64_t n = dtype_size(dtype);
   for (std::int64_t d : shape) {
-    if (d < 0) throw UserError("safetensors writer: tensor '" + name + "' has a negative dimension");
+    if (d < 0)
+      throw UserError("safetensors writer: tensor '" + name + "' has a negative dimension");
     n *= static_cast<std::uint64_t>(d);
   }
   return n;
@@ -444,10 +473,11 @@ std::string build_safetensors_header(std::vector<TensorToWrite>& tensors,
                                      const std::map<std::string, std::string>& metadata) {
   // The reference writer's order: larger element size first, then by name, so every tensor is
   // aligned to its element size without padding between tensors.
-  std::stable_sort(tensors.begin(), tensors.end(), [](const TensorToWrite& a, const TensorToWrite& b) {
-    std::size_t sa = dtype_size(a.dtype), sb = dtype_size(b.dtype);
-    return sa != sb ? sa > sb : a.name < b.name;
-  });
+  std::stable_sort(tensors.begin(), tensors.end(),
+                   [](const TensorToWrite& a, const TensorToWrite& b) {
+                     std::size_t sa = dtype_size(a.dtype), sb = dtype_size(b.dtype);
+                     return sa != sb ? sa > sb : a.name < b.name;
+                   });
   for (std::size_t i = 1; i < tensors.size(); ++i)
     if (tensors[i].name == tensors[i - 1].name)
       throw UserError("safetensors writer: tensor name '" + tensors[i].name + "' given twice");
@@ -472,8 +502,10 @@ std::string build_safetensors_header(std::vector<TensorToWrite>& tensors,
   for (const TensorToWrite& t : tensors) {
     const std::uint64_t size = t.byte_size();
     h += "," + quote(t.name) + ":{\"dtype\":\"" + dtype_name(t.dtype) + "\",\"shape\":[";
-    for (std::size_t i = 0; i < t.shape.size(); ++i) h += (i ? "," : "") + std::to_string(t.shape[i]);
-    h += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + size) + "]}";
+    for (std::size_t i = 0; i < t.shape.size(); ++i)
+      h += (i ? "," : "") + std::to_string(t.shape[i]);
+    h += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + size) +
+         "]}";
     offset += size;
   }
   h += "}";
@@ -485,9 +517,10 @@ void write_safetensors(const std::filesystem::path& path, std::vector<TensorToWr
                        const std::map<std::string, std::string>& metadata) {
   for (const TensorToWrite& t : tensors)
     if (!t.fill && t.data.size() != t.byte_size())
-      throw UserError(path.string() + ": tensor '" + t.name + "' has " + std::to_string(t.data.size()) +
-                      " bytes of data but shape " + shape_text(t.shape) + " of " + dtype_name(t.dtype) +
-                      " needs " + std::to_string(t.byte_size()) + " (a bug in the caller)");
+      throw UserError(path.string() + ": tensor '" + t.name + "' has " +
+                      std::to_string(t.data.size()) + " bytes of data but shape " +
+                      shape_text(t.shape) + " of " + dtype_name(t.dtype) + " needs " +
+                      std::to_string(t.byte_size()) + " (a bug in the caller)");
   const std::string header = build_safetensors_header(tensors, metadata);
   AtomicFile out(path);
   unsigned char length[8];

@@ -55,7 +55,8 @@ SafetensorsHeader parse_safetensors(std::span<const std::byte> file, const std::
 // A read-only view of one tensor's bytes inside a mapped file. Valid while the file is open.
 class TensorView {
  public:
-  TensorView(const TensorInfo* info, std::span<const std::byte> bytes) : info_(info), bytes_(bytes) {}
+  TensorView(const TensorInfo* info, std::span<const std::byte> bytes)
+      : info_(info), bytes_(bytes) {}
   const std::string& name() const { return info_->name; }
   Dtype dtype() const { return info_->dtype; }
   const std::vector<std::int64_t>& shape() const { return info_->shape; }
@@ -86,6 +87,11 @@ class SafetensorsFile {
   TensorView view(const TensorInfo& info) const;
   TensorView tensor(std::string_view name) const;  // throws UserError when absent
 
+  // Tells the kernel this tensor's pages will not be read again soon (after quantising or
+  // uploading it), so they leave the process's resident set instead of accumulating until the
+  // whole checkpoint is resident. Reading the tensor again still works (it faults back in).
+  void release(const TensorInfo& info) const;
+
  private:
   struct State;
   explicit SafetensorsFile(std::unique_ptr<State> state);
@@ -101,11 +107,12 @@ class SafetensorsCheckpoint {
   // a single .safetensors file. Throws UserError naming the file and the fix.
   static SafetensorsCheckpoint open(const std::filesystem::path& path);
 
-  std::vector<std::string> names() const;  // sorted
+  std::vector<std::string> names() const;               // sorted
   const TensorInfo* find(std::string_view name) const;  // nullptr when absent
   TensorView tensor(std::string_view name) const;       // throws UserError when absent
   const std::vector<SafetensorsFile>& files() const { return files_; }
   std::uint64_t total_tensor_bytes() const;
+  void release(std::string_view name) const;  // SafetensorsFile::release for that tensor
 
  private:
   struct Location {

@@ -3,8 +3,8 @@
 #include "model/config.h"
 
 #include <cmath>
-#include <numbers>
 #include <nlohmann/json.hpp>
+#include <numbers>
 
 #include "io/json_file.h"
 #include "util/error.h"
@@ -27,7 +27,9 @@ class Reader {
   bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
 
   std::int64_t integer(const char* key) const {
-    if (!has(key)) fail(std::string("missing \"") + key + "\"; config.json of a Hugging Face model always has it");
+    if (!has(key))
+      fail(std::string("missing \"") + key +
+           "\"; config.json of a Hugging Face model always has it");
     return integer_value(j_.at(key), key);
   }
   std::int64_t integer(const char* key, std::int64_t fallback) const {
@@ -35,17 +37,20 @@ class Reader {
   }
   double number(const char* key, double fallback) const {
     if (!has(key)) return fallback;
-    if (!j_.at(key).is_number()) fail(std::string("\"") + key + "\" must be a number, got " + j_.at(key).dump());
+    if (!j_.at(key).is_number())
+      fail(std::string("\"") + key + "\" must be a number, got " + j_.at(key).dump());
     return j_.at(key).get<double>();
   }
   bool boolean(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
-    if (!j_.at(key).is_boolean()) fail(std::string("\"") + key + "\" must be true or false, got " + j_.at(key).dump());
+    if (!j_.at(key).is_boolean())
+      fail(std::string("\"") + key + "\" must be true or false, got " + j_.at(key).dump());
     return j_.at(key).get<bool>();
   }
   std::string string(const char* key, const std::string& fallback) const {
     if (!has(key)) return fallback;
-    if (!j_.at(key).is_string()) fail(std::string("\"") + key + "\" must be a string, got " + j_.at(key).dump());
+    if (!j_.at(key).is_string())
+      fail(std::string("\"") + key + "\" must be a string, got " + j_.at(key).dump());
     return j_.at(key).get<std::string>();
   }
   std::vector<std::int64_t> token_ids(const char* key) const {
@@ -61,7 +66,8 @@ class Reader {
 
  private:
   std::int64_t integer_value(const json& v, const char* key) const {
-    if (!v.is_number_integer()) fail(std::string("\"") + key + "\" must be an integer, got " + v.dump());
+    if (!v.is_number_integer())
+      fail(std::string("\"") + key + "\" must be an integer, got " + v.dump());
     return v.get<std::int64_t>();
   }
   const json& j_;
@@ -76,7 +82,8 @@ void read_rope(const json& j, const Reader& top, const std::string& source, Mode
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
     dict = &j["rope_parameters"];
     // Models with several attention kinds keep one dict per kind; these use full attention.
-    if (dict->contains("full_attention") && (*dict)["full_attention"].is_object()) dict = &(*dict)["full_attention"];
+    if (dict->contains("full_attention") && (*dict)["full_attention"].is_object())
+      dict = &(*dict)["full_attention"];
   } else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
     dict = &j["rope_scaling"];
   } else if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
@@ -94,7 +101,8 @@ void read_rope(const json& j, const Reader& top, const std::string& source, Mode
     c.rope_scaling.factor = r.number("factor", 1.0);
   } else if (type == "llama3") {
     c.rope_scaling.type = RopeType::Llama3;
-    for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+    for (const char* key :
+         {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
       if (!r.has(key)) top.fail(std::string("rope scaling \"llama3\" needs \"") + key + "\"");
     c.rope_scaling.factor = r.number("factor", 1.0);
     c.rope_scaling.low_freq_factor = r.number("low_freq_factor", 1.0);
@@ -103,7 +111,8 @@ void read_rope(const json& j, const Reader& top, const std::string& source, Mode
     if (!(c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor))
       top.fail("rope scaling \"llama3\" needs high_freq_factor > low_freq_factor");
   } else {
-    top.fail("RoPE type \"" + type + "\" is not supported (forja supports default, linear and llama3); "
+    top.fail("RoPE type \"" + type +
+             "\" is not supported (forja supports default, linear and llama3); "
              "remove the rope scaling entry or use a model without it");
   }
   if (c.rope_scaling.factor <= 0) top.fail("rope scaling \"factor\" must be positive");
@@ -113,10 +122,14 @@ void read_rope(const json& j, const Reader& top, const std::string& source, Mode
 
 const char* architecture_name(Architecture a) {
   switch (a) {
-    case Architecture::Qwen3: return "qwen3";
-    case Architecture::Qwen2: return "qwen2";
-    case Architecture::Llama: return "llama";
-    case Architecture::Mistral: return "mistral";
+    case Architecture::Qwen3:
+      return "qwen3";
+    case Architecture::Qwen2:
+      return "qwen2";
+    case Architecture::Llama:
+      return "llama";
+    case Architecture::Mistral:
+      return "mistral";
   }
   return "?";
 }
@@ -148,15 +161,19 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   c.num_layers = r.integer("num_hidden_layers");
   c.num_heads = r.integer("num_attention_heads");
   // Absent or null means "as many as query heads", except Mistral's class default of 8 (T-MC).
-  c.num_kv_heads = r.integer("num_key_value_heads",
-                             a == Architecture::Mistral && !j.contains("num_key_value_heads") ? 8 : c.num_heads);
-  for (auto [key, v] : {std::pair{"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size},
-                        {"intermediate_size", c.intermediate_size}, {"num_hidden_layers", c.num_layers},
-                        {"num_attention_heads", c.num_heads}, {"num_key_value_heads", c.num_kv_heads}})
+  c.num_kv_heads =
+      r.integer("num_key_value_heads",
+                a == Architecture::Mistral && !j.contains("num_key_value_heads") ? 8 : c.num_heads);
+  for (auto [key, v] : {std::pair{"vocab_size", c.vocab_size},
+                        {"hidden_size", c.hidden_size},
+                        {"intermediate_size", c.intermediate_size},
+                        {"num_hidden_layers", c.num_layers},
+                        {"num_attention_heads", c.num_heads},
+                        {"num_key_value_heads", c.num_kv_heads}})
     if (v <= 0) r.fail(std::string("\"") + key + "\" must be positive, got " + std::to_string(v));
   if (c.num_heads % c.num_kv_heads != 0)
-    r.fail("num_attention_heads (" + std::to_string(c.num_heads) + ") is not a multiple of num_key_value_heads (" +
-           std::to_string(c.num_kv_heads) + ")");
+    r.fail("num_attention_heads (" + std::to_string(c.num_heads) +
+           ") is not a multiple of num_key_value_heads (" + std::to_string(c.num_kv_heads) + ")");
 
   if (r.has("head_dim")) {
     c.head_dim = r.integer("head_dim");
@@ -202,9 +219,12 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   }
 
   if (a == Architecture::Mistral) {
-    if (!j.contains("sliding_window")) c.sliding_window = 4096;
-    else if (r.has("sliding_window")) c.sliding_window = r.integer("sliding_window");
-  } else if ((a == Architecture::Qwen3 || a == Architecture::Qwen2) && r.boolean("use_sliding_window", false)) {
+    if (!j.contains("sliding_window"))
+      c.sliding_window = 4096;
+    else if (r.has("sliding_window"))
+      c.sliding_window = r.integer("sliding_window");
+  } else if ((a == Architecture::Qwen3 || a == Architecture::Qwen2) &&
+             r.boolean("use_sliding_window", false)) {
     c.sliding_window = r.integer("sliding_window", 4096);
   }
 
@@ -219,7 +239,8 @@ ModelConfig load_model_config(const std::filesystem::path& dir_or_file) {
   std::filesystem::path path =
       std::filesystem::is_directory(dir_or_file, ec) ? dir_or_file / "config.json" : dir_or_file;
   if (!std::filesystem::exists(path, ec))
-    throw UserError(path.string() + ": not found; --model must be a Hugging Face model directory "
+    throw UserError(path.string() +
+                    ": not found; --model must be a Hugging Face model directory "
                     "holding config.json and the safetensors weights");
   return parse_model_config(io::read_text_file(path), path.string());
 }
@@ -228,30 +249,45 @@ ModelConfig load_model_config(const std::filesystem::path& dir_or_file) {
 
 const char* linear_name(LinearKind k) {
   switch (k) {
-    case LinearKind::Q: return "q_proj";
-    case LinearKind::K: return "k_proj";
-    case LinearKind::V: return "v_proj";
-    case LinearKind::O: return "o_proj";
-    case LinearKind::Gate: return "gate_proj";
-    case LinearKind::Up: return "up_proj";
-    case LinearKind::Down: return "down_proj";
+    case LinearKind::Q:
+      return "q_proj";
+    case LinearKind::K:
+      return "k_proj";
+    case LinearKind::V:
+      return "v_proj";
+    case LinearKind::O:
+      return "o_proj";
+    case LinearKind::Gate:
+      return "gate_proj";
+    case LinearKind::Up:
+      return "up_proj";
+    case LinearKind::Down:
+      return "down_proj";
   }
   return "?";
 }
 
 const char* linear_module(LinearKind k) {
-  return k == LinearKind::Gate || k == LinearKind::Up || k == LinearKind::Down ? "mlp" : "self_attn";
+  return k == LinearKind::Gate || k == LinearKind::Up || k == LinearKind::Down ? "mlp"
+                                                                               : "self_attn";
 }
 
 LinearShape linear_shape(const ModelConfig& c, LinearKind k) {
   switch (k) {
-    case LinearKind::Q: return {c.q_dim(), c.hidden_size, c.qkv_bias};
-    case LinearKind::K: return {c.kv_dim(), c.hidden_size, c.qkv_bias};
-    case LinearKind::V: return {c.kv_dim(), c.hidden_size, c.qkv_bias};
-    case LinearKind::O: return {c.hidden_size, c.q_dim(), c.o_bias};
-    case LinearKind::Gate: return {c.intermediate_size, c.hidden_size, c.mlp_bias};
-    case LinearKind::Up: return {c.intermediate_size, c.hidden_size, c.mlp_bias};
-    case LinearKind::Down: return {c.hidden_size, c.intermediate_size, c.mlp_bias};
+    case LinearKind::Q:
+      return {c.q_dim(), c.hidden_size, c.qkv_bias};
+    case LinearKind::K:
+      return {c.kv_dim(), c.hidden_size, c.qkv_bias};
+    case LinearKind::V:
+      return {c.kv_dim(), c.hidden_size, c.qkv_bias};
+    case LinearKind::O:
+      return {c.hidden_size, c.q_dim(), c.o_bias};
+    case LinearKind::Gate:
+      return {c.intermediate_size, c.hidden_size, c.mlp_bias};
+    case LinearKind::Up:
+      return {c.intermediate_size, c.hidden_size, c.mlp_bias};
+    case LinearKind::Down:
+      return {c.hidden_size, c.intermediate_size, c.mlp_bias};
   }
   return {};
 }
@@ -295,7 +331,8 @@ ParameterCounts count_parameters(const ModelConfig& c) {
   return p;
 }
 
-std::int64_t lora_parameter_count(const ModelConfig& c, std::int64_t rank, const std::vector<LinearKind>& targets) {
+std::int64_t lora_parameter_count(const ModelConfig& c, std::int64_t rank,
+                                  const std::vector<LinearKind>& targets) {
   std::int64_t per_layer = 0;
   for (LinearKind k : targets) {
     LinearShape s = linear_shape(c, k);
@@ -309,8 +346,8 @@ io::LoraTargetShapes lora_target_shapes(const ModelConfig& c) {
   out.num_layers = c.num_layers;
   for (LinearKind k : kAllLinears) {
     LinearShape s = linear_shape(c, k);
-    out.targets.push_back({linear_name(k), std::string(linear_module(k)) + "." + linear_name(k), s.in_features,
-                           s.out_features});
+    out.targets.push_back({linear_name(k), std::string(linear_module(k)) + "." + linear_name(k),
+                           s.in_features, s.out_features});
   }
   return out;
 }

@@ -20,9 +20,9 @@ enum class RopeType { Default, Linear, Llama3 };
 
 struct RopeScaling {
   RopeType type = RopeType::Default;
-  double factor = 1.0;                          // linear, llama3
-  double low_freq_factor = 1.0;                 // llama3
-  double high_freq_factor = 4.0;                // llama3
+  double factor = 1.0;                                   // linear, llama3
+  double low_freq_factor = 1.0;                          // llama3
+  double high_freq_factor = 4.0;                         // llama3
   std::int64_t original_max_position_embeddings = 8192;  // llama3
 };
 
@@ -43,11 +43,12 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   std::int64_t max_position_embeddings = 0;
 
-  bool tie_word_embeddings = false;  // LM head = embedding matrix (a lm_head.weight may still exist)
-  bool qkv_bias = false;             // q/k/v_proj have biases (Qwen2 always; others attention_bias)
-  bool o_bias = false;               // o_proj has a bias (Llama/Qwen3 attention_bias)
-  bool mlp_bias = false;             // gate/up/down biases (Llama mlp_bias)
-  bool qk_norm = false;              // per-head RMSNorm on q and k before RoPE (Qwen3 only)
+  bool tie_word_embeddings =
+      false;              // LM head = embedding matrix (a lm_head.weight may still exist)
+  bool qkv_bias = false;  // q/k/v_proj have biases (Qwen2 always; others attention_bias)
+  bool o_bias = false;    // o_proj has a bias (Llama/Qwen3 attention_bias)
+  bool mlp_bias = false;  // gate/up/down biases (Llama mlp_bias)
+  bool qk_norm = false;   // per-head RMSNorm on q and k before RoPE (Qwen3 only)
   std::optional<std::int64_t> sliding_window;  // only when the config enables it
 
   std::vector<std::int64_t> bos_token_ids;  // config may give an int or a list
@@ -72,8 +73,8 @@ const char* architecture_name(Architecture a);  // "qwen3", "qwen2", "llama", "m
 
 // The seven LoRA-targetable projections of a decoder layer, in PEFT's usual order.
 enum class LinearKind { Q, K, V, O, Gate, Up, Down };
-inline constexpr LinearKind kAllLinears[] = {LinearKind::Q,    LinearKind::K,  LinearKind::V,
-                                             LinearKind::O,    LinearKind::Gate, LinearKind::Up,
+inline constexpr LinearKind kAllLinears[] = {LinearKind::Q,   LinearKind::K,    LinearKind::V,
+                                             LinearKind::O,   LinearKind::Gate, LinearKind::Up,
                                              LinearKind::Down};
 
 const char* linear_name(LinearKind k);    // "q_proj", ..., "down_proj"

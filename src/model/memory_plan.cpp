@@ -35,15 +35,16 @@ WeightBytes weight_bytes(const ModelConfig& c) {
 std::int64_t saved_activation_elements_per_token(const ModelConfig& c, const TrainingSettings& s) {
   const std::int64_t H = c.hidden_size, I = c.intermediate_size, q = c.q_dim(), kv = c.kv_dim();
   std::int64_t e = 0;
-  e += H + 1;                 // layer input (residual) + rstd of input_layernorm
-  e += H;                     // normed input h: read by the q/k/v weight-gradient-free backward and LoRA A grads
+  e += H + 1;  // layer input (residual) + rstd of input_layernorm
+  e += H;      // normed input h: read by the q/k/v weight-gradient-free backward and LoRA A grads
   if (c.qk_norm) e += q + kv + c.num_heads + c.num_kv_heads;  // q, k before their RMSNorm + rstd
-  e += q + 2 * kv;            // q, k after RoPE, v: attention backward
-  e += q + c.num_heads;       // attention output (o_proj input) + softmax log-sum-exp per head
-  e += H + 1;                 // residual after attention + rstd of post_attention_layernorm
-  e += H;                     // normed h for the MLP
-  e += 3 * I;                 // gate, up, silu(gate)*up (down_proj input)
-  e += static_cast<std::int64_t>(s.targets.size()) * s.lora_rank;  // A·x per LoRA target (for B's grad)
+  e += q + 2 * kv;       // q, k after RoPE, v: attention backward
+  e += q + c.num_heads;  // attention output (o_proj input) + softmax log-sum-exp per head
+  e += H + 1;            // residual after attention + rstd of post_attention_layernorm
+  e += H;                // normed h for the MLP
+  e += 3 * I;            // gate, up, silu(gate)*up (down_proj input)
+  e += static_cast<std::int64_t>(s.targets.size()) *
+       s.lora_rank;  // A·x per LoRA target (for B's grad)
   return e;
 }
 
@@ -63,16 +64,20 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
   plan.parts.push_back({"NF4 linear weights", s.double_quant ? w.linear_nf4_dq : w.linear_nf4,
                         s.double_quant ? "double quantisation on" : "fp32 absmax"});
   plan.parts.push_back({"embedding (16-bit)", w.embedding_16bit, ""});
-  plan.parts.push_back({"LM head (16-bit)", w.lm_head_16bit, c.tie_word_embeddings ? "tied: shares the embedding" : ""});
-  plan.parts.push_back({"norms and biases (fp32)", 4 * static_cast<std::uint64_t>(p.norm + p.bias), ""});
+  plan.parts.push_back({"LM head (16-bit)", w.lm_head_16bit,
+                        c.tie_word_embeddings ? "tied: shares the embedding" : ""});
+  plan.parts.push_back(
+      {"norms and biases (fp32)", 4 * static_cast<std::uint64_t>(p.norm + p.bias), ""});
 
   plan.lora_parameters = lora_parameter_count(c, s.lora_rank, s.targets);
   const std::uint64_t lora = 4 * static_cast<std::uint64_t>(plan.lora_parameters);
-  plan.parts.push_back({"LoRA parameters (fp32)", lora, std::to_string(plan.lora_parameters) + " parameters"});
+  plan.parts.push_back(
+      {"LoRA parameters (fp32)", lora, std::to_string(plan.lora_parameters) + " parameters"});
   plan.parts.push_back({"LoRA gradients (fp32)", lora, ""});
   plan.parts.push_back({"AdamW moments (fp32)", 2 * lora, "first and second moment"});
 
-  const std::uint64_t per_layer = static_cast<std::uint64_t>(saved_activation_elements_per_token(c, s)) * tokens * act;
+  const std::uint64_t per_layer =
+      static_cast<std::uint64_t>(saved_activation_elements_per_token(c, s)) * tokens * act;
   const std::uint64_t layers = static_cast<std::uint64_t>(c.num_layers);
   const std::uint64_t final_norm = tokens * static_cast<std::uint64_t>(c.hidden_size + 1) * act;
   if (s.checkpointing) {
@@ -81,16 +86,19 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
     plan.parts.push_back({"saved activations", inputs + per_layer + final_norm,
                           "checkpointing on: layer inputs + one layer recomputed"});
   } else {
-    plan.parts.push_back({"saved activations", layers * per_layer + final_norm, "checkpointing off: every layer"});
+    plan.parts.push_back(
+        {"saved activations", layers * per_layer + final_norm, "checkpointing off: every layer"});
   }
 
   // Scratch: gradients flowing back through a layer (residual stream fp32 twice, the widest
   // intermediate twice), and one vocabulary chunk of logits and their gradients (fp32).
-  const std::uint64_t widest = static_cast<std::uint64_t>(std::max({c.hidden_size, c.intermediate_size, c.q_dim()}));
+  const std::uint64_t widest =
+      static_cast<std::uint64_t>(std::max({c.hidden_size, c.intermediate_size, c.q_dim()}));
   const std::uint64_t chunk = static_cast<std::uint64_t>(std::min(s.vocab_chunk, c.vocab_size));
-  const std::uint64_t scratch = tokens * (2 * 4 * static_cast<std::uint64_t>(c.hidden_size) + 2 * act * widest +
-                                          2 * 4 * chunk);
-  plan.parts.push_back({"scratch", scratch, "activation gradients, one vocabulary chunk of logits"});
+  const std::uint64_t scratch = tokens * (2 * 4 * static_cast<std::uint64_t>(c.hidden_size) +
+                                          2 * act * widest + 2 * 4 * chunk);
+  plan.parts.push_back(
+      {"scratch", scratch, "activation gradients, one vocabulary chunk of logits"});
   return plan;
 }
 

@@ -16,13 +16,15 @@ namespace forja::model {
 std::uint64_t nf4_bytes(std::int64_t numel, bool double_quant);
 
 struct WeightBytes {
-  std::uint64_t linear_16bit = 0;    // all projection weights in bf16
-  std::uint64_t linear_nf4 = 0;      // the same in NF4, fp32 absmax
-  std::uint64_t linear_nf4_dq = 0;   // NF4 with double quantisation
+  std::uint64_t linear_16bit = 0;   // all projection weights in bf16
+  std::uint64_t linear_nf4 = 0;     // the same in NF4, fp32 absmax
+  std::uint64_t linear_nf4_dq = 0;  // NF4 with double quantisation
   std::uint64_t embedding_16bit = 0;
-  std::uint64_t lm_head_16bit = 0;   // 0 when tied (shares the embedding)
-  std::uint64_t small_16bit = 0;     // norms and biases in bf16
-  std::uint64_t total_16bit() const { return linear_16bit + embedding_16bit + lm_head_16bit + small_16bit; }
+  std::uint64_t lm_head_16bit = 0;  // 0 when tied (shares the embedding)
+  std::uint64_t small_16bit = 0;    // norms and biases in bf16
+  std::uint64_t total_16bit() const {
+    return linear_16bit + embedding_16bit + lm_head_16bit + small_16bit;
+  }
 };
 WeightBytes weight_bytes(const ModelConfig& c);
 
@@ -32,9 +34,9 @@ struct TrainingSettings {
   std::int64_t lora_rank = 16;
   std::vector<LinearKind> targets = {std::begin(kAllLinears), std::end(kAllLinears)};
   bool double_quant = true;
-  bool checkpointing = true;            // keep each layer's input only, recompute inside it
-  std::int64_t activation_bytes = 2;    // 2 in mixed precision (fp16/bf16), 4 in fp32 mode
-  std::int64_t vocab_chunk = 8192;      // LM head + cross-entropy processed this many columns at a time
+  bool checkpointing = true;          // keep each layer's input only, recompute inside it
+  std::int64_t activation_bytes = 2;  // 2 in mixed precision (fp16/bf16), 4 in fp32 mode
+  std::int64_t vocab_chunk = 8192;  // LM head + cross-entropy processed this many columns at a time
 };
 
 struct MemoryPart {

@@ -22,8 +22,8 @@ std::vector<float> torch_linspace(float start, float end, int steps) {
   const float step = (end - start) / static_cast<float>(steps - 1);
   const int halfway = steps / 2;
   for (int i = 0; i < steps; ++i)
-    out[static_cast<std::size_t>(i)] =
-        i < halfway ? start + step * static_cast<float>(i) : end - step * static_cast<float>(steps - i - 1);
+    out[static_cast<std::size_t>(i)] = i < halfway ? start + step * static_cast<float>(i)
+                                                   : end - step * static_cast<float>(steps - i - 1);
   return out;
 }
 
@@ -38,7 +38,8 @@ std::array<float, 256> build_dynamic_map_signed() {
     // Python's 10 ** (-(max_exponent_bits - 1) + i), then cast to fp32 by the tensor multiply.
     const float scale = static_cast<float>(std::pow(10.0, -(max_exponent_bits - 1) + i));
     std::vector<float> means;
-    for (std::size_t k = 0; k + 1 < boundaries.size(); ++k) means.push_back((boundaries[k] + boundaries[k + 1]) / 2.0f);
+    for (std::size_t k = 0; k + 1 < boundaries.size(); ++k)
+      means.push_back((boundaries[k] + boundaries[k + 1]) / 2.0f);
     for (float m : means) data.push_back(scale * m);
     for (float m : means) data.push_back(-scale * m);
   }
@@ -52,7 +53,8 @@ std::array<float, 256> build_dynamic_map_signed() {
 }
 
 unsigned worker_count(const Nf4Options& options, std::int64_t blocks) {
-  unsigned n = options.threads > 0 ? static_cast<unsigned>(options.threads) : std::thread::hardware_concurrency();
+  unsigned n = options.threads > 0 ? static_cast<unsigned>(options.threads)
+                                   : std::thread::hardware_concurrency();
   n = std::max(1u, n);
   // Below ~256 blocks (16K elements) a thread costs more than it saves.
   return static_cast<unsigned>(std::min<std::int64_t>(n, std::max<std::int64_t>(1, blocks / 256)));
@@ -60,8 +62,8 @@ unsigned worker_count(const Nf4Options& options, std::int64_t blocks) {
 
 // Quantises blocks [first_block, last_block): `load(first_element, span)` provides fp32 values.
 template <typename Load>
-void quantize_blocks(std::int64_t numel, std::int64_t first_block, std::int64_t last_block, Load&& load,
-                     std::uint8_t* packed, float* absmax) {
+void quantize_blocks(std::int64_t numel, std::int64_t first_block, std::int64_t last_block,
+                     Load&& load, std::uint8_t* packed, float* absmax) {
   float x[kNf4BlockSize];
   for (std::int64_t b = first_block; b < last_block; ++b) {
     const std::int64_t begin = b * kNf4BlockSize;
@@ -83,8 +85,8 @@ void quantize_blocks(std::int64_t numel, std::int64_t first_block, std::int64_t 
 }
 
 template <typename Load>
-Nf4Tensor quantize_impl(std::vector<std::int64_t> shape, std::int64_t numel, const Nf4Options& options,
-                        Load&& load) {
+Nf4Tensor quantize_impl(std::vector<std::int64_t> shape, std::int64_t numel,
+                        const Nf4Options& options, Load&& load) {
   Nf4Tensor t;
   t.shape = std::move(shape);
   t.numel = numel;
@@ -100,7 +102,9 @@ Nf4Tensor quantize_impl(std::vector<std::int64_t> shape, std::int64_t numel, con
     for (unsigned w = 0; w < workers; ++w) {
       const std::int64_t first = w * per, last = std::min(blocks, first + per);
       if (first >= last) break;
-      pool.emplace_back([&, first, last] { quantize_blocks(numel, first, last, load, t.packed.data(), absmax.data()); });
+      pool.emplace_back([&, first, last] {
+        quantize_blocks(numel, first, last, load, t.packed.data(), absmax.data());
+      });
     }
     for (auto& th : pool) th.join();
   }
@@ -183,7 +187,8 @@ QuantizedAbsmax double_quantize_absmax(std::span<const float> absmax) {
     }
     q.nested_absmax[b] = amax;
     const float inv = 1.0f / amax;
-    for (std::size_t i = 0; i < count; ++i) q.codes[begin + i] = dynamic_map_index(centred[i] * inv);
+    for (std::size_t i = 0; i < count; ++i)
+      q.codes[begin + i] = dynamic_map_index(centred[i] * inv);
   }
   return q;
 }
@@ -196,26 +201,31 @@ float Nf4Tensor::block_absmax(std::int64_t block) const {
 
 std::vector<float> Nf4Tensor::decoded_absmax() const {
   std::vector<float> out(static_cast<std::size_t>(num_blocks()));
-  for (std::int64_t b = 0; b < num_blocks(); ++b) out[static_cast<std::size_t>(b)] = block_absmax(b);
+  for (std::int64_t b = 0; b < num_blocks(); ++b)
+    out[static_cast<std::size_t>(b)] = block_absmax(b);
   return out;
 }
 
 std::size_t Nf4Tensor::storage_bytes() const {
-  return packed.size() + absmax.size() * 4 + absmax_q.size() + nested_absmax.size() * 4 + (double_quant ? 4 : 0);
+  return packed.size() + absmax.size() * 4 + absmax_q.size() + nested_absmax.size() * 4 +
+         (double_quant ? 4 : 0);
 }
 
-Nf4Tensor nf4_quantize(std::span<const float> values, std::vector<std::int64_t> shape, const Nf4Options& options) {
+Nf4Tensor nf4_quantize(std::span<const float> values, std::vector<std::int64_t> shape,
+                       const Nf4Options& options) {
   const std::int64_t numel = checked_numel(shape);
   if (static_cast<std::int64_t>(values.size()) != numel)
     throw std::invalid_argument("nf4_quantize: values do not match the shape");
-  return quantize_impl(std::move(shape), numel, options, [&](std::int64_t first, std::span<float> out) {
-    std::copy_n(values.begin() + first, out.size(), out.begin());
-  });
+  return quantize_impl(std::move(shape), numel, options,
+                       [&](std::int64_t first, std::span<float> out) {
+                         std::copy_n(values.begin() + first, out.size(), out.begin());
+                       });
 }
 
 Nf4Tensor nf4_quantize(const io::TensorView& tensor, const Nf4Options& options) {
-  return quantize_impl(tensor.shape(), tensor.numel(), options,
-                       [&](std::int64_t first, std::span<float> out) { tensor.to_float(out, first); });
+  return quantize_impl(
+      tensor.shape(), tensor.numel(), options,
+      [&](std::int64_t first, std::span<float> out) { tensor.to_float(out, first); });
 }
 
 void nf4_dequantize(const Nf4Tensor& t, std::span<float> out) {
@@ -238,8 +248,8 @@ std::vector<float> nf4_dequantize(const Nf4Tensor& t) {
   return out;
 }
 
-void quantize_checkpoint_linears(const io::SafetensorsCheckpoint& checkpoint, const ModelConfig& config,
-                                 const Nf4Options& options,
+void quantize_checkpoint_linears(const io::SafetensorsCheckpoint& checkpoint,
+                                 const ModelConfig& config, const Nf4Options& options,
                                  const std::function<void(const std::string&, Nf4Tensor&&)>& sink) {
   for (std::int64_t layer = 0; layer < config.num_layers; ++layer) {
     for (LinearKind k : kAllLinears) {
@@ -257,7 +267,9 @@ void quantize_checkpoint_linears(const io::SafetensorsCheckpoint& checkpoint, co
                         " but config.json implies " + text(want) +
                         "; the weights and config.json belong to different models");
       }
-      sink(name, nf4_quantize(view, options));
+      Nf4Tensor quantised = nf4_quantize(view, options);
+      checkpoint.release(name);  // its bf16 pages are done with: keep the resident set small
+      sink(name, std::move(quantised));
     }
   }
 }

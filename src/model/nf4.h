@@ -47,30 +47,29 @@ inline constexpr std::int64_t kNf4BlockSize = 64;
 inline constexpr std::int64_t kNf4NestedBlockSize = 256;
 
 // The 16 NF4 values, index -> value (BNB get_4bit_type("nf4")).
-inline constexpr std::array<float, 16> kNf4Code = {
-    -1.0f,
-    -0.6961928009986877f,
-    -0.5250730514526367f,
-    -0.39491748809814453f,
-    -0.28444138169288635f,
-    -0.18477343022823334f,
-    -0.09105003625154495f,
-    0.0f,
-    0.07958029955625534f,
-    0.16093020141124725f,
-    0.24611230194568634f,
-    0.33791524171829224f,
-    0.44070982933044434f,
-    0.5626170039176941f,
-    0.7229568362236023f,
-    1.0f};
+inline constexpr std::array<float, 16> kNf4Code = {-1.0f,
+                                                   -0.6961928009986877f,
+                                                   -0.5250730514526367f,
+                                                   -0.39491748809814453f,
+                                                   -0.28444138169288635f,
+                                                   -0.18477343022823334f,
+                                                   -0.09105003625154495f,
+                                                   0.0f,
+                                                   0.07958029955625534f,
+                                                   0.16093020141124725f,
+                                                   0.24611230194568634f,
+                                                   0.33791524171829224f,
+                                                   0.44070982933044434f,
+                                                   0.5626170039176941f,
+                                                   0.7229568362236023f,
+                                                   1.0f};
 
 // Decision thresholds between codes i and i+1 (the midpoints, as float literals in dQuantizeNF4).
 inline constexpr std::array<float, 15> kNf4Thresholds = {
-    -0.8480964004993439f,  -0.6106329262256622f, -0.4599952697753906f, -0.33967943489551544f,
+    -0.8480964004993439f,  -0.6106329262256622f,  -0.4599952697753906f,   -0.33967943489551544f,
     -0.23460740596055984f, -0.13791173323988914f, -0.045525018125772476f, 0.03979014977812767f,
-    0.1202552504837513f,   0.2035212516784668f,  0.2920137718319893f,  0.3893125355243683f,
-    0.5016634166240692f,   0.6427869200706482f,  0.8614784181118011f};
+    0.1202552504837513f,   0.2035212516784668f,   0.2920137718319893f,    0.3893125355243683f,
+    0.5016634166240692f,   0.6427869200706482f,   0.8614784181118011f};
 
 // The 4-bit index of an absmax-scaled value: count of thresholds strictly below it (NaN -> 0).
 inline std::uint8_t nf4_index(float scaled) {
@@ -133,10 +132,12 @@ std::vector<float> nf4_dequantize(const Nf4Tensor& t);
 
 // Streams every projection weight of a checkpoint through NF4, one tensor at a time, in layer
 // order: checks each weight's shape against the config (UserError naming the tensor, the shapes
-// and the fix), quantises it, and hands it to `sink`, which may upload and drop it. Peak host
-// memory beyond the mapped files is one quantised tensor.
+// and the fix), quantises it, releases its source pages (io::SafetensorsFile::release) and hands
+// it to `sink`, which may upload and drop it. Peak host memory beyond the mapped files is one
+// quantised tensor (measured: 18.7 MB anonymous for a Qwen3-4B-shaped bf16 checkpoint).
 void quantize_checkpoint_linears(
-    const io::SafetensorsCheckpoint& checkpoint, const ModelConfig& config, const Nf4Options& options,
+    const io::SafetensorsCheckpoint& checkpoint, const ModelConfig& config,
+    const Nf4Options& options,
     const std::function<void(const std::string& name, Nf4Tensor&& tensor)>& sink);
 
 }  // namespace forja::model

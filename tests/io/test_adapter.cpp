@@ -27,7 +27,8 @@ LoraTargetShapes tiny_shapes() {
   return model::lora_target_shapes(model::parse_model_config(cfg, "config.json"));
 }
 
-Adapter random_adapter(const LoraTargetShapes& shapes, std::int64_t r, const std::vector<std::string>& targets) {
+Adapter random_adapter(const LoraTargetShapes& shapes, std::int64_t r,
+                       const std::vector<std::string>& targets) {
   Adapter a;
   a.config.base_model_name_or_path = "Qwen/Qwen3-0.6B";
   a.config.r = r;
@@ -39,7 +40,8 @@ Adapter random_adapter(const LoraTargetShapes& shapes, std::int64_t r, const std
   for (std::int64_t layer = 0; layer < shapes.num_layers; ++layer)
     for (const std::string& t : targets) {
       const LoraTarget* target = shapes.find(t);
-      LoraWeights w{layer, t, std::vector<float>(r * target->in_features), std::vector<float>(target->out_features * r)};
+      LoraWeights w{layer, t, std::vector<float>(r * target->in_features),
+                    std::vector<float>(target->out_features * r)};
       for (float& x : w.a) x = n(rng);
       for (float& x : w.b) x = n(rng);
       a.weights.push_back(std::move(w));
@@ -64,7 +66,8 @@ TEST(AdapterConfig, WritesPeftFieldsSortedAndParsesBack) {
   EXPECT_EQ(j["use_dora"], false);
   // Keys appear in sorted order in the text.
   std::vector<std::size_t> positions;
-  for (auto it = j.begin(); it != j.end(); ++it) positions.push_back(text.find("\"" + it.key() + "\":"));
+  for (auto it = j.begin(); it != j.end(); ++it)
+    positions.push_back(text.find("\"" + it.key() + "\":"));
   EXPECT_TRUE(std::is_sorted(positions.begin(), positions.end()));
 
   LoraConfig back = parse_adapter_config(text, "adapter_config.json");
@@ -97,19 +100,22 @@ TEST(AdapterConfig, RejectsUnsupportedFeatures) {
 TEST(AdapterFiles, WriteThenReadRoundTrip) {
   auto dir = scratch_dir();
   LoraTargetShapes shapes = tiny_shapes();
-  Adapter a = random_adapter(shapes, 4, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
+  Adapter a = random_adapter(
+      shapes, 4, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
   save_adapter(dir, a, shapes);
 
   auto file = SafetensorsFile::open(dir / "adapter_model.safetensors");
   EXPECT_EQ(file.tensors().size(), 2u * 7 * 2);
-  const TensorInfo* qa = file.find("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+  const TensorInfo* qa =
+      file.find("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
   ASSERT_NE(qa, nullptr);
   EXPECT_EQ(qa->dtype, Dtype::F32);
   EXPECT_EQ(qa->shape, (std::vector<std::int64_t>{4, 64}));
   const TensorInfo* db = file.find("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight");
   ASSERT_NE(db, nullptr);
   EXPECT_EQ(db->shape, (std::vector<std::int64_t>{64, 4}));
-  const TensorInfo* ob = file.find("base_model.model.model.layers.1.self_attn.o_proj.lora_A.weight");
+  const TensorInfo* ob =
+      file.find("base_model.model.model.layers.1.self_attn.o_proj.lora_A.weight");
   ASSERT_NE(ob, nullptr);
   EXPECT_EQ(ob->shape, (std::vector<std::int64_t>{4, 8 * 128}));  // o_proj in = nh * head_dim
 
@@ -134,11 +140,17 @@ TEST(AdapterFiles, ReadsBf16AdapterAndAllLinear) {
   for (int layer = 0; layer < 2; ++layer)
     for (const LoraTarget& t : shapes.targets) {
       store.emplace_back(2 * t.in_features, float_to_bf16(0.5f));
-      tensors.push_back({lora_tensor_name(layer, t.module_path, 'A'), Dtype::BF16, {2, t.in_features},
-                         std::as_bytes(std::span(store.back())), {}});
+      tensors.push_back({lora_tensor_name(layer, t.module_path, 'A'),
+                         Dtype::BF16,
+                         {2, t.in_features},
+                         std::as_bytes(std::span(store.back())),
+                         {}});
       store.emplace_back(t.out_features * 2, float_to_bf16(-0.25f));
-      tensors.push_back({lora_tensor_name(layer, t.module_path, 'B'), Dtype::BF16, {t.out_features, 2},
-                         std::as_bytes(std::span(store.back())), {}});
+      tensors.push_back({lora_tensor_name(layer, t.module_path, 'B'),
+                         Dtype::BF16,
+                         {t.out_features, 2},
+                         std::as_bytes(std::span(store.back())),
+                         {}});
     }
   write_safetensors(dir / "adapter_model.safetensors", tensors);
   auto j = nlohmann::json::parse(adapter_config_json(LoraConfig{.r = 2}));
@@ -168,7 +180,8 @@ TEST(AdapterFiles, RejectsMismatchesWithTheModel) {
   // A model with more layers: layer 2's factors are missing.
   LoraTargetShapes deeper = model::lora_target_shapes(
       model::parse_model_config(test::qwen3_config(64, 96, 3, 8, true), "config.json"));
-  EXPECT_HAS(user_error_of([&] { load_adapter(dir, deeper); }), "missing tensor 'base_model.model.model.layers.2.");
+  EXPECT_HAS(user_error_of([&] { load_adapter(dir, deeper); }),
+             "missing tensor 'base_model.model.model.layers.2.");
 
   // adapter_config.json claiming fewer targets than the file holds: extra tensors.
   auto j = nlohmann::json::parse(std::ifstream(dir / "adapter_config.json"));
@@ -180,7 +193,8 @@ TEST(AdapterFiles, RejectsMismatchesWithTheModel) {
   test::write_bytes(dir / "adapter_config.json", j.dump());
   EXPECT_HAS(user_error_of([&] { load_adapter(dir, shapes); }), "target module \"lm_head\"");
 
-  EXPECT_HAS(user_error_of([&] { load_adapter(dir / "nope", shapes); }), "adapter_config.json: not found");
+  EXPECT_HAS(user_error_of([&] { load_adapter(dir / "nope", shapes); }),
+             "adapter_config.json: not found");
 }
 
 }  // namespace

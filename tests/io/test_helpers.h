@@ -32,7 +32,8 @@ inline void write_bytes(const std::filesystem::path& path, const std::string& by
 // 8-byte length field when given.
 inline std::string safetensors_bytes(const std::string& header, const std::string& data,
                                      std::int64_t declared_length = -1) {
-  std::uint64_t n = declared_length < 0 ? header.size() : static_cast<std::uint64_t>(declared_length);
+  std::uint64_t n =
+      declared_length < 0 ? header.size() : static_cast<std::uint64_t>(declared_length);
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
   return out + header + data;

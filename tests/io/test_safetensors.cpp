@@ -20,7 +20,9 @@ using test::scratch_dir;
 using test::user_error_of;
 using test::write_bytes;
 
-std::span<const std::byte> as_bytes_of(const std::vector<float>& v) { return std::as_bytes(std::span(v)); }
+std::span<const std::byte> as_bytes_of(const std::vector<float>& v) {
+  return std::as_bytes(std::span(v));
+}
 std::span<const std::byte> as_bytes_of(const std::vector<std::uint16_t>& v) {
   return std::as_bytes(std::span(v));
 }
@@ -59,7 +61,8 @@ TEST(SafetensorsFloat16, RoundsToNearestEven) {
   EXPECT_EQ(float_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
   EXPECT_EQ(float_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
   EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);  // rounds to infinity
-  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -25)), 0x0000);  // halfway to the smallest subnormal: even
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0f, -25)),
+            0x0000);  // halfway to the smallest subnormal: even
   EXPECT_EQ(float_to_f16(std::ldexp(1.5f, -25)), 0x0001);
 }
 
@@ -196,7 +199,8 @@ TEST(SafetensorsWrite, ShardedRoundTrip) {
   std::vector<TensorToWrite> tensors;
   for (int i = 0; i < 5; ++i) data.push_back(std::vector<float>(10 + i, static_cast<float>(i)));
   for (int i = 0; i < 5; ++i)
-    tensors.push_back({"layer." + std::to_string(i), Dtype::F32, {10 + i}, as_bytes_of(data[i]), {}});
+    tensors.push_back(
+        {"layer." + std::to_string(i), Dtype::F32, {10 + i}, as_bytes_of(data[i]), {}});
   // 100-byte shards of 40..56-byte tensors, greedy: [40, 44] [48, 52] [56], then the index.
   auto files = write_safetensors_sharded(dir, tensors, 100);
   ASSERT_EQ(files.size(), 4u);
@@ -213,7 +217,8 @@ TEST(SafetensorsWrite, ShardedRoundTrip) {
   auto ck = SafetensorsCheckpoint::open(dir);
   EXPECT_EQ(ck.files().size(), 3u);
   EXPECT_EQ(ck.names().size(), 5u);
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(ck.tensor("layer." + std::to_string(i)).to_float(), data[i]);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(ck.tensor("layer." + std::to_string(i)).to_float(), data[i]);
   EXPECT_EQ(ck.total_tensor_bytes(), 4u * (10 + 11 + 12 + 13 + 14));
   // The index file itself is also accepted as the path.
   EXPECT_EQ(SafetensorsCheckpoint::open(dir / "model.safetensors.index.json").names().size(), 5u);
@@ -236,7 +241,8 @@ std::string open_error(const std::string& bytes) {
   auto dir = scratch_dir();
   write_bytes(dir / "bad.safetensors", bytes);
   std::string msg = user_error_of([&] { SafetensorsFile::open(dir / "bad.safetensors"); });
-  EXPECT_NE(msg.find("bad.safetensors"), std::string::npos) << "message does not name the file: " << msg;
+  EXPECT_NE(msg.find("bad.safetensors"), std::string::npos)
+      << "message does not name the file: " << msg;
   return msg;
 }
 
@@ -283,7 +289,8 @@ TEST(SafetensorsMalformed, GapBetweenTensors) {
 
 TEST(SafetensorsMalformed, GapAtStart) {
   std::string h = R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[4,16]}})";
-  EXPECT_HAS(open_error(safetensors_bytes(h, four_floats())), "begins at byte 4 of the data, not at 0");
+  EXPECT_HAS(open_error(safetensors_bytes(h, four_floats())),
+             "begins at byte 4 of the data, not at 0");
 }
 
 TEST(SafetensorsMalformed, OverlappingTensors) {
@@ -302,7 +309,8 @@ TEST(SafetensorsMalformed, WrongByteCount) {
 }
 
 TEST(SafetensorsMalformed, ExtraBytesAfterLastTensor) {
-  EXPECT_HAS(open_error(safetensors_bytes(kOne, four_floats() + "xyz")), "3 bytes after the last tensor");
+  EXPECT_HAS(open_error(safetensors_bytes(kOne, four_floats() + "xyz")),
+             "3 bytes after the last tensor");
 }
 
 TEST(SafetensorsMalformed, UnknownDtype) {
@@ -365,13 +373,13 @@ TEST(SafetensorsMalformed, OffsetsEndBeforeBegin) {
 }
 
 TEST(SafetensorsMalformed, ShapeOverflow) {
-  std::string h =
-      R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})";
+  std::string h = R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})";
   EXPECT_HAS(open_error(safetensors_bytes(h, four_floats())), "overflows");
 }
 
 TEST(SafetensorsMalformed, MetadataMustBeStrings) {
-  std::string h = R"({"__metadata__":{"format":1},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
+  std::string h =
+      R"({"__metadata__":{"format":1},"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})";
   EXPECT_HAS(open_error(safetensors_bytes(h, four_floats())), "__metadata__ value of \"format\"");
 }
 
@@ -391,8 +399,9 @@ void write_two_shards(const std::filesystem::path& dir) {
 TEST(SafetensorsSharded, IndexNamingMissingFile) {
   auto dir = scratch_dir();
   write_two_shards(dir);
-  write_bytes(dir / "model.safetensors.index.json",
-              R"({"metadata":{"total_size":32},"weight_map":{"a":"s1.safetensors","b":"s3.safetensors"}})");
+  write_bytes(
+      dir / "model.safetensors.index.json",
+      R"({"metadata":{"total_size":32},"weight_map":{"a":"s1.safetensors","b":"s3.safetensors"}})");
   std::string msg = user_error_of([&] { SafetensorsCheckpoint::open(dir); });
   EXPECT_HAS(msg, "model.safetensors.index.json");
   EXPECT_HAS(msg, "names shard 's3.safetensors'");
@@ -431,7 +440,8 @@ TEST(SafetensorsSharded, TensorInTwoShards) {
                                              {"b", Dtype::F32, {4}, as_bytes_of(d), {}}});
   write_bytes(dir / "model.safetensors.index.json",
               R"({"weight_map":{"a":"s1.safetensors","b":"s2.safetensors"}})");
-  EXPECT_HAS(user_error_of([&] { SafetensorsCheckpoint::open(dir); }), "tensor 'a' also appears in");
+  EXPECT_HAS(user_error_of([&] { SafetensorsCheckpoint::open(dir); }),
+             "tensor 'a' also appears in");
 }
 
 TEST(SafetensorsSharded, EmptyDirectory) {
@@ -447,6 +457,28 @@ TEST(SafetensorsSharded, PrefersSingleFileOverIndex) {
   write_safetensors(dir / "model.safetensors", {{"w", Dtype::F32, {4}, as_bytes_of(d), {}}});
   write_bytes(dir / "model.safetensors.index.json", R"({"weight_map":{"x":"gone.safetensors"}})");
   EXPECT_EQ(SafetensorsCheckpoint::open(dir).tensor("w").to_float(), d);
+}
+
+}  // namespace
+}  // namespace forja::io
+
+namespace forja::io {
+namespace {
+
+TEST(SafetensorsWrite, ReleaseKeepsDataReadable) {
+  auto dir = test::scratch_dir();
+  std::vector<float> big(300000);
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i);
+  std::vector<float> small = {1, 2, 3};
+  write_safetensors(dir / "r.safetensors",
+                    {{"big", Dtype::F32, {300000}, std::as_bytes(std::span(big)), {}},
+                     {"small", Dtype::F32, {3}, std::as_bytes(std::span(small)), {}}});
+  auto ck = SafetensorsCheckpoint::open(dir / "r.safetensors");
+  EXPECT_EQ(ck.tensor("big").to_float(), big);
+  ck.release("big");
+  ck.release("no-such-tensor");                     // harmless
+  EXPECT_EQ(ck.tensor("small").to_float(), small);  // a neighbour is untouched
+  EXPECT_EQ(ck.tensor("big").to_float(), big);      // and the released one faults back in
 }
 
 }  // namespace

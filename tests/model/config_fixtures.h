@@ -8,12 +8,15 @@ namespace forja::test {
 inline std::string qwen3_config(int hidden, int intermediate, int layers, int heads, bool tied) {
   return R"({"architectures":["Qwen3ForCausalLM"],"attention_bias":false,"attention_dropout":0.0,
     "bos_token_id":151643,"eos_token_id":151645,"head_dim":128,"hidden_act":"silu",
-    "hidden_size":)" + std::to_string(hidden) + R"(,"initializer_range":0.02,"intermediate_size":)" +
+    "hidden_size":)" +
+         std::to_string(hidden) + R"(,"initializer_range":0.02,"intermediate_size":)" +
          std::to_string(intermediate) + R"(,"max_position_embeddings":40960,"max_window_layers":28,
-    "model_type":"qwen3","num_attention_heads":)" + std::to_string(heads) +
-         R"(,"num_hidden_layers":)" + std::to_string(layers) + R"(,"num_key_value_heads":8,
+    "model_type":"qwen3","num_attention_heads":)" +
+         std::to_string(heads) + R"(,"num_hidden_layers":)" + std::to_string(layers) +
+         R"(,"num_key_value_heads":8,
     "rms_norm_eps":1e-06,"rope_scaling":null,"rope_theta":1000000,"sliding_window":null,
-    "tie_word_embeddings":)" + (tied ? "true" : "false") + R"(,"torch_dtype":"bfloat16",
+    "tie_word_embeddings":)" +
+         (tied ? "true" : "false") + R"(,"torch_dtype":"bfloat16",
     "transformers_version":"4.51.0","use_cache":true,"use_sliding_window":false,"vocab_size":151936})";
 }
 

@@ -41,8 +41,10 @@ std::string without(std::string text, const std::string& key) {
   std::string s = with(text, key, "null");
   auto pos = s.find("\"" + key + "\":null");
   s.erase(pos, key.size() + 7);
-  if (s[pos] == ',') s.erase(pos, 1);
-  else if (s[pos - 1] == ',') s.erase(pos - 1, 1);
+  if (s[pos] == ',')
+    s.erase(pos, 1);
+  else if (s[pos - 1] == ',')
+    s.erase(pos - 1, 1);
   return s;
 }
 
@@ -142,15 +144,19 @@ TEST(ModelConfig, MistralDefaults) {
 TEST(ModelConfig, RopeThetaInEveryPlace) {
   std::string base = without(test::qwen3_0_6b(), "rope_theta");
   EXPECT_EQ(parse(base).rope_theta, 10000.0);  // transformers' fallback
-  EXPECT_EQ(parse(with(base, "rope_scaling", R"({"rope_type":"default","rope_theta":5000000})")).rope_theta, 5e6);
-  EXPECT_EQ(parse(with(base, "rope_parameters", R"({"rope_type":"default","rope_theta":250000.0})")).rope_theta,
+  EXPECT_EQ(parse(with(base, "rope_scaling", R"({"rope_type":"default","rope_theta":5000000})"))
+                .rope_theta,
+            5e6);
+  EXPECT_EQ(parse(with(base, "rope_parameters", R"({"rope_type":"default","rope_theta":250000.0})"))
+                .rope_theta,
             250000.0);
   ModelConfig lin = parse(with(base, "rope_scaling", R"({"type":"linear","factor":2.0})"));
   EXPECT_EQ(lin.rope_scaling.type, RopeType::Linear);
   EXPECT_EQ(lin.rope_scaling.factor, 2.0);
-  ModelConfig l3 = parse(with(without(test::llama3_1_8b(), "rope_scaling"), "rope_parameters",
-                              R"({"rope_type":"llama3","rope_theta":500000.0,"factor":32.0,)"
-                              R"("low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192})"));
+  ModelConfig l3 = parse(with(
+      without(test::llama3_1_8b(), "rope_scaling"), "rope_parameters",
+      R"({"rope_type":"llama3","rope_theta":500000.0,"factor":32.0,)"
+      R"("low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192})"));
   EXPECT_EQ(l3.rope_scaling.type, RopeType::Llama3);
   EXPECT_EQ(l3.rope_scaling.factor, 32.0);
   EXPECT_EQ(l3.rope_theta, 500000.0);
@@ -201,30 +207,39 @@ TEST(ModelConfig, InvFreqLlama3Regimes) {
 #define EXPECT_HAS(msg, text) EXPECT_NE((msg).find(text), std::string::npos) << (msg)
 
 TEST(ModelConfig, UnknownModelTypeListsSupported) {
-  std::string msg = user_error_of([] { parse(with(test::qwen3_0_6b(), "model_type", "\"gemma3\"")); });
+  std::string msg =
+      user_error_of([] { parse(with(test::qwen3_0_6b(), "model_type", "\"gemma3\"")); });
   EXPECT_HAS(msg, "config.json");
   EXPECT_HAS(msg, "\"gemma3\" is not supported");
   EXPECT_HAS(msg, "qwen3, qwen2, llama, mistral");
-  EXPECT_HAS(user_error_of([] { parse(without(test::qwen3_0_6b(), "model_type")); }), "no \"model_type\"");
+  EXPECT_HAS(user_error_of([] { parse(without(test::qwen3_0_6b(), "model_type")); }),
+             "no \"model_type\"");
 }
 
 TEST(ModelConfig, RejectsBadConfigs) {
-  EXPECT_HAS(user_error_of([] { parse(without(test::qwen3_0_6b(), "hidden_size")); }), "missing \"hidden_size\"");
+  EXPECT_HAS(user_error_of([] { parse(without(test::qwen3_0_6b(), "hidden_size")); }),
+             "missing \"hidden_size\"");
   EXPECT_HAS(user_error_of([] { parse(with(test::qwen3_0_6b(), "num_key_value_heads", "5")); }),
              "not a multiple of num_key_value_heads");
   EXPECT_HAS(user_error_of([] { parse(with(test::qwen3_0_6b(), "hidden_size", "\"1024\"")); }),
              "\"hidden_size\" must be an integer");
-  EXPECT_HAS(user_error_of([] { parse(with(test::qwen3_0_6b(), "hidden_act", "\"gelu\"")); }), "\"gelu\"");
+  EXPECT_HAS(user_error_of([] { parse(with(test::qwen3_0_6b(), "hidden_act", "\"gelu\"")); }),
+             "\"gelu\"");
+  EXPECT_HAS(
+      user_error_of([] {
+        parse(with(test::qwen3_0_6b(), "rope_scaling", R"({"rope_type":"yarn","factor":4.0})"));
+      }),
+      "RoPE type \"yarn\" is not supported");
   EXPECT_HAS(user_error_of([] {
-               parse(with(test::qwen3_0_6b(), "rope_scaling", R"({"rope_type":"yarn","factor":4.0})"));
+               parse(with(test::llama3_1_8b(), "rope_scaling", R"({"rope_type":"llama3"})"));
              }),
-             "RoPE type \"yarn\" is not supported");
-  EXPECT_HAS(user_error_of([] { parse(with(test::llama3_1_8b(), "rope_scaling", R"({"rope_type":"llama3"})")); }),
              "needs \"factor\"");
   EXPECT_HAS(user_error_of([] { parse(with(test::qwen3_0_6b(), "head_dim", "7")); }), "even");
-  EXPECT_HAS(user_error_of([] { parse(R"({"model_type":"qwen3","model_type":"llama"})"); }), "duplicate key");
+  EXPECT_HAS(user_error_of([] { parse(R"({"model_type":"qwen3","model_type":"llama"})"); }),
+             "duplicate key");
   EXPECT_HAS(user_error_of([] { parse("[1]"); }), "must be a JSON object");
-  EXPECT_HAS(user_error_of([] { load_model_config("/nonexistent/model"); }), "/nonexistent/model: not found");
+  EXPECT_HAS(user_error_of([] { load_model_config("/nonexistent/model"); }),
+             "/nonexistent/model: not found");
 }
 
 }  // namespace

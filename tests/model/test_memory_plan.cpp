@@ -29,8 +29,9 @@ TEST(MemoryPlan, LinearWeightsMatchFormatsDoc) {
     std::string config;
     double linear_params_b, nf4_gb, dq_gb;
   };
-  for (const Case& k : {Case{test::qwen3_0_6b(), 0.44, 0.248, 0.227}, Case{test::qwen3_1_7b(), 1.41, 0.79, 0.73},
-                        Case{test::qwen3_4b(), 3.63, 2.04, 1.87}, Case{test::qwen3_8b(), 6.95, 3.91, 3.58}}) {
+  for (const Case& k :
+       {Case{test::qwen3_0_6b(), 0.44, 0.248, 0.227}, Case{test::qwen3_1_7b(), 1.41, 0.79, 0.73},
+        Case{test::qwen3_4b(), 3.63, 2.04, 1.87}, Case{test::qwen3_8b(), 6.95, 3.91, 3.58}}) {
     ModelConfig c = parse(k.config);
     WeightBytes w = weight_bytes(c);
     EXPECT_NEAR(count_parameters(c).linear / 1e9, k.linear_params_b, 0.006) << c.hidden_size;

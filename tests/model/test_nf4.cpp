@@ -71,7 +71,8 @@ TEST(Nf4Layout, BlocksOf64InRowMajorOrder) {
   // Shape [3, 50] = 150 elements = blocks of 64, 64, 22. Block b is all equal to (b + 1), with
   // element 0 of each block negated: its absmax is b + 1, codes are 0 then 15.
   std::vector<float> w(150);
-  for (int e = 0; e < 150; ++e) w[e] = static_cast<float>(e / 64 + 1) * (e % 64 == 0 ? -1.0f : 1.0f);
+  for (int e = 0; e < 150; ++e)
+    w[e] = static_cast<float>(e / 64 + 1) * (e % 64 == 0 ? -1.0f : 1.0f);
   Nf4Tensor t = nf4_quantize(w, {3, 50}, {.double_quant = false, .threads = 1});
   ASSERT_EQ(t.num_blocks(), 3);
   EXPECT_EQ(t.absmax, (std::vector<float>{1, 2, 3}));
@@ -150,7 +151,8 @@ TEST(Nf4DoubleQuant, DynamicIndexIsNearest) {
     ASSERT_NEAR(std::fabs(x - m[got]), best, 1e-7f) << x;
   }
   for (int i = 0; i < 256; ++i) {
-    // Exact code values map to themselves (0 sits at 127; the duplicate-free map is strictly sorted).
+    // Exact code values map to themselves (0 sits at 127; the duplicate-free map is strictly
+    // sorted).
     ASSERT_EQ(dynamic_map_index(m[i]), i) << i;
   }
   EXPECT_EQ(dynamic_map_index(1.0f), 255);
@@ -162,8 +164,10 @@ TEST(Nf4DoubleQuant, RoundTripErrorBound) {
   std::normal_distribution<float> normal(0.0f, 0.02f);
   std::vector<float> w(64 * 600 + 17);  // 601 blocks: 3 nested blocks, the last partial
   for (float& x : w) x = normal(rng);
-  Nf4Tensor plain = nf4_quantize(w, {static_cast<std::int64_t>(w.size())}, {.double_quant = false, .threads = 2});
-  Nf4Tensor dq = nf4_quantize(w, {static_cast<std::int64_t>(w.size())}, {.double_quant = true, .threads = 2});
+  Nf4Tensor plain =
+      nf4_quantize(w, {static_cast<std::int64_t>(w.size())}, {.double_quant = false, .threads = 2});
+  Nf4Tensor dq =
+      nf4_quantize(w, {static_cast<std::int64_t>(w.size())}, {.double_quant = true, .threads = 2});
   ASSERT_TRUE(dq.double_quant);
   EXPECT_EQ(dq.packed, plain.packed);  // the 4-bit codes use the exact absmax either way
   ASSERT_EQ(dq.absmax_q.size(), 601u);
@@ -185,7 +189,8 @@ TEST(Nf4DoubleQuant, RoundTripErrorBound) {
   }
   for (int j = 0; j < 3; ++j) {
     float mx = 0;
-    for (int b = j * 256; b < std::min(601, (j + 1) * 256); ++b) mx = std::max(mx, std::fabs(plain.absmax[b] - dq.absmax_offset));
+    for (int b = j * 256; b < std::min(601, (j + 1) * 256); ++b)
+      mx = std::max(mx, std::fabs(plain.absmax[b] - dq.absmax_offset));
     EXPECT_EQ(dq.nested_absmax[j], mx);
   }
   // The whole tensor: NF4 bound with the decoded absmax, plus the absmax error.
@@ -206,8 +211,10 @@ TEST(Nf4Quantize, ThreadsGiveIdenticalResults) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> w(64 * 1000 + 3);
   for (float& x : w) x = normal(rng);
-  Nf4Tensor one = nf4_quantize(w, {static_cast<std::int64_t>(w.size())}, {.double_quant = true, .threads = 1});
-  Nf4Tensor many = nf4_quantize(w, {static_cast<std::int64_t>(w.size())}, {.double_quant = true, .threads = 7});
+  Nf4Tensor one =
+      nf4_quantize(w, {static_cast<std::int64_t>(w.size())}, {.double_quant = true, .threads = 1});
+  Nf4Tensor many =
+      nf4_quantize(w, {static_cast<std::int64_t>(w.size())}, {.double_quant = true, .threads = 7});
   EXPECT_EQ(one.packed, many.packed);
   EXPECT_EQ(one.absmax_q, many.absmax_q);
   EXPECT_EQ(one.nested_absmax, many.nested_absmax);
@@ -245,7 +252,8 @@ struct TinyCheckpoint {
   std::map<std::string, std::vector<std::uint16_t>> data;
 };
 
-TinyCheckpoint write_tiny_checkpoint(const std::filesystem::path& dir, const std::string& bad_tensor = "") {
+TinyCheckpoint write_tiny_checkpoint(const std::filesystem::path& dir,
+                                     const std::string& bad_tensor = "") {
   TinyCheckpoint ck;
   ck.config = parse_model_config(test::qwen3_config(64, 96, 2, 8, true), "config.json");
   std::mt19937 rng(13);
@@ -273,8 +281,10 @@ TEST(Nf4Checkpoint, StreamsEveryLinearInLayerOrder) {
                               [&](const std::string& name, Nf4Tensor&& t) {
                                 names.push_back(name);
                                 std::vector<float> widened;
-                                for (auto h : ck.data.at(name)) widened.push_back(io::bf16_to_float(h));
-                                Nf4Tensor direct = nf4_quantize(widened, t.shape, {.double_quant = true, .threads = 1});
+                                for (auto h : ck.data.at(name))
+                                  widened.push_back(io::bf16_to_float(h));
+                                Nf4Tensor direct = nf4_quantize(
+                                    widened, t.shape, {.double_quant = true, .threads = 1});
                                 EXPECT_EQ(t.packed, direct.packed) << name;
                                 EXPECT_EQ(t.absmax_q, direct.absmax_q) << name;
                               });
@@ -291,7 +301,9 @@ TEST(Nf4Checkpoint, ShapeMismatchNamesTensor) {
   std::string msg = test::user_error_of([&] {
     quantize_checkpoint_linears(checkpoint, ck.config, {}, [](const std::string&, Nf4Tensor&&) {});
   });
-  EXPECT_NE(msg.find("'model.layers.1.self_attn.k_proj.weight' has shape [1025, 64]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'model.layers.1.self_attn.k_proj.weight' has shape [1025, 64]"),
+            std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("implies [1024, 64]"), std::string::npos) << msg;
 }
 
