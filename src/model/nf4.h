@@ -26,8 +26,10 @@
 //
 // Quantisation of one block (bitsandbytes' CUDA kQuantizeBlockwise / dQuantizeNF4):
 //   inv = 1.0f / absmax[b];  s = W[e] * inv (fp32);  q[e] = number of kNf4Thresholds t with s > t
-//   (strict '>', so a value exactly on a midpoint takes the lower code; an all-zero block gives
-//   NaN scaled values, hence q = 0, and dequantises to 0 because its absmax is 0).
+//   (strict '>', so a value exactly on a midpoint takes the lower code). An all-zero block gives
+//   NaN scaled values, hence q = 0 (code -1.0): it dequantises to exactly 0 with fp32 absmax,
+//   and with double quantisation to -(decoded absmax), i.e. within the absmax error of 0, as
+//   bitsandbytes does too.
 // ===============================================================================================
 #pragma once
 #include <array>
