@@ -1,0 +1,87 @@
+#version 450
+// RMSNorm over the last axis of x [rows, cols] (formats.md 1.4), fp32 activations, weight w
+// [cols] in fp32 or fp16. One workgroup per row (row = gl_WorkGroupID.x + gl_WorkGroupID.y *
+// gl_NumWorkGroups.x, so more than 65535 rows fit one dispatch); its invocations stride over
+// the columns and reduce through a shared-memory tree (no subgroup size assumed).
+//   rmsnorm_fwd_*:  rstd[r] = 1 / sqrt(mean_c(x[r,c]^2) + eps); y[r,c] = w[c] * (x[r,c] * rstd[r])
+//                                                                 (x, w, y, rstd)
+//   rmsnorm_bwd_*:  dx[r,c] (= or +=) rstd w[c] dy[r,c] - x[r,c] rstd^3 / cols * sum_c(dy w x)
+//                                                                 (dy, x, w, rstd, dx)
+// The weights are frozen, so there is no dw. Outputs may alias inputs of the same shape (y = x,
+// dx = dy without accumulate): every invocation reads an element before it writes that element
+// and writes only after the row's reduction barrier.
+// The workgroup size is specialization constant 0 (a power of two <= 256): the op picks a
+// smaller one for short rows (Qwen3's per-head q/k norms, cols = head_dim).
+// `first_*` are element offsets inside the bindings: the op binds chunks of large tensors at
+// aligned offsets and passes the remainder here.
+//! variant rmsnorm_fwd_f32 -DFORWARD
+//! variant rmsnorm_fwd_f16 -DFORWARD -DW_F16
+//! variant rmsnorm_bwd_f32 -DBACKWARD
+//! variant rmsnorm_bwd_f16 -DBACKWARD -DW_F16
+#ifdef W_F16
+#extension GL_EXT_shader_16bit_storage : require
+#define WTYPE float16_t
+#else
+#define WTYPE float
+#endif
+
+layout(constant_id = 0) const uint WG = 256;
+layout(local_size_x_id = 0) in;
+layout(push_constant) uniform PC {
+  uint rows;      // rows in this dispatch
+  uint cols;
+  uint first_x;   // element offset of row 0 in x / y / dy / dx (all [rows, cols])
+  uint first_r;   // element offset of row 0 in rstd
+  float eps;
+  uint accumulate;  // backward: 1 = dx += result
+} pc;
+
+#ifdef FORWARD
+layout(set = 0, binding = 0) readonly buffer X { float x[]; };
+layout(set = 0, binding = 1) readonly buffer W { WTYPE w[]; };
+layout(set = 0, binding = 2) buffer Y { float y[]; };
+layout(set = 0, binding = 3) writeonly buffer R { float rstd[]; };
+#else
+layout(set = 0, binding = 0) readonly buffer DY { float dy[]; };
+layout(set = 0, binding = 1) readonly buffer X { float x[]; };
+layout(set = 0, binding = 2) readonly buffer W { WTYPE w[]; };
+layout(set = 0, binding = 3) readonly buffer R { float rstd[]; };
+layout(set = 0, binding = 4) buffer DX { float dx[]; };
+#endif
+
+shared float red[WG];
+
+// Sum of v over the workgroup; every invocation gets the result.
+float workgroup_sum(float v) {
+  const uint t = gl_LocalInvocationIndex;
+  red[t] = v;
+  barrier();
+  for (uint s = WG / 2u; s > 0u; s >>= 1) {
+    if (t < s) red[t] += red[t + s];
+    barrier();
+  }
+  return red[0];
+}
+
+void main() {
+  const uint row = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (row >= pc.rows) return;  // uniform per workgroup, so the barriers below stay uniform
+  const uint t = gl_LocalInvocationIndex;
+  const uint base = pc.first_x + row * pc.cols;
+#ifdef FORWARD
+  float ss = 0.0;
+  for (uint c = t; c < pc.cols; c += WG) ss += x[base + c] * x[base + c];
+  const float s = 1.0 / sqrt(workgroup_sum(ss) / float(pc.cols) + pc.eps);
+  for (uint c = t; c < pc.cols; c += WG) y[base + c] = float(w[c]) * (x[base + c] * s);
+  if (t == 0u) rstd[pc.first_r + row] = s;
+#else
+  float dot = 0.0;  // sum_c dy * w * x
+  for (uint c = t; c < pc.cols; c += WG) dot += dy[base + c] * float(w[c]) * x[base + c];
+  const float s = rstd[pc.first_r + row];
+  const float k = workgroup_sum(dot) * (s * s * s) / float(pc.cols);
+  for (uint c = t; c < pc.cols; c += WG) {
+    const float g = s * float(w[c]) * dy[base + c] - k * x[base + c];
+    dx[base + c] = pc.accumulate != 0u ? dx[base + c] + g : g;
+  }
+#endif
+}

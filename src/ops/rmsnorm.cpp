@@ -1,0 +1,139 @@
+#include "ops/rmsnorm.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace forja::ops {
+
+namespace {
+
+// Push constants of kernels/rmsnorm.comp.
+struct RmsnormPush {
+  uint32_t rows, cols;
+  uint32_t first_x, first_r;  // element offsets of the chunk's first row inside the bindings
+  float eps;
+  uint32_t accumulate;
+};
+
+uint64_t offset_alignment(const gpu::Context& ctx) {
+  return std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
+}
+
+// A binding that covers bytes [begin, begin + bytes) of `b` from an offset the device accepts;
+// `first` is the number of `elem_bytes` elements between the binding's start and `begin`.
+struct Window {
+  gpu::Buffer view;
+  uint32_t first;
+};
+Window window(const gpu::Context& ctx, const gpu::Buffer& b, uint64_t begin, uint64_t bytes, uint32_t elem_bytes) {
+  const uint64_t align = offset_alignment(ctx);
+  const uint64_t start = begin / align * align;
+  const uint64_t end = std::min<uint64_t>((begin + bytes + 15) / 16 * 16, b.size);
+  return {b.slice(start, end - start), static_cast<uint32_t>((begin - start) / elem_bytes)};
+}
+
+void check_buffer(const gpu::Context& ctx, const char* op, const char* name, const gpu::Buffer& b, uint64_t bytes) {
+  if (b.size < bytes)
+    throw std::logic_error(std::string(op) + ": " + name + " holds " + std::to_string(b.size) + " bytes, the shape needs " +
+                           std::to_string(bytes));
+  if (b.offset % offset_alignment(ctx) != 0)
+    throw std::logic_error(std::string(op) + ": " + name + " starts at offset " + std::to_string(b.offset) +
+                           ", not a multiple of the storage-buffer offset alignment");
+}
+
+// Workgroup size for a row of `cols`: about two columns per invocation, a power of two in
+// [32, 256], so short rows (q/k norms over head_dim) do not leave most invocations idle.
+uint32_t workgroup_size(uint32_t cols) {
+  uint32_t wg = 32;
+  while (wg < 256 && wg * 2 < cols) wg *= 2;
+  return wg;
+}
+
+// Rows per dispatch such that a [rows, cols] fp32 chunk, shifted down to an aligned binding
+// start and rounded up to 16 bytes, stays within the binding limit.
+uint32_t rows_per_chunk(const gpu::Context& ctx, const char* op, uint32_t cols) {
+  const uint64_t usable = ctx.info().max_storage_buffer_range - offset_alignment(ctx) - 16;
+  const uint64_t rows = usable / (uint64_t(cols) * 4);
+  if (rows == 0) throw std::logic_error(std::string(op) + ": one row of " + std::to_string(cols) +
+                                        " columns exceeds the device's storage-buffer binding limit");
+  return static_cast<uint32_t>(std::min<uint64_t>(rows, UINT32_MAX));
+}
+
+void check_weights(const gpu::Context& ctx, const char* op, const gpu::Buffer& w, DType w_dtype, uint32_t cols) {
+  check_buffer(ctx, op, "w", w, uint64_t(cols) * dtype_bytes(w_dtype));
+  if (w_dtype == DType::f16 && !ctx.info().storage_buffer_16bit)
+    throw std::logic_error(std::string(op) + ": fp16 weights need storageBuffer16BitAccess, which this device lacks");
+}
+
+}  // namespace
+
+void rmsnorm_forward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& w, DType w_dtype, const gpu::Buffer& y,
+                     const gpu::Buffer& rstd, uint32_t rows, uint32_t cols, float eps) {
+  constexpr const char* op = "rmsnorm_forward";
+  if (rows == 0) return;
+  if (cols == 0) throw std::logic_error("rmsnorm_forward: cols must be positive");
+  const uint64_t bytes = uint64_t(rows) * cols * 4;
+  check_buffer(ctx, op, "x", x, bytes);
+  check_buffer(ctx, op, "y", y, bytes);
+  check_buffer(ctx, op, "rstd", rstd, uint64_t(rows) * 4);
+  check_weights(ctx, op, w, w_dtype, cols);
+  const uint32_t wg = workgroup_size(cols);
+  const auto& p = ctx.pipelines().get(w_dtype == DType::f16 ? "rmsnorm_fwd_f16" : "rmsnorm_fwd_f32", 4,
+                                      sizeof(RmsnormPush), {wg});
+  const uint32_t chunk = rows_per_chunk(ctx, op, cols);
+  const gpu::Buffer wv = w.slice(0, std::min<uint64_t>(w.size, (uint64_t(cols) * dtype_bytes(w_dtype) + 15) / 16 * 16));
+  for (uint32_t r0 = 0; r0 < rows; r0 += std::min(chunk, rows - r0)) {
+    const uint32_t n = std::min(chunk, rows - r0);
+    const uint64_t begin = uint64_t(r0) * cols * 4, len = uint64_t(n) * cols * 4;
+    const Window xw = window(ctx, x, begin, len, 4), yw = window(ctx, y, begin, len, 4);
+    const Window rw = window(ctx, rstd, uint64_t(r0) * 4, uint64_t(n) * 4, 4);
+    // x and y have aligned starts, so their chunks start at the same element offset.
+    const RmsnormPush push{n, cols, xw.first, rw.first, eps, 0};
+    const uint32_t gx = std::min<uint32_t>(n, 65535), gy = (n + gx - 1) / gx;
+    ctx.dispatch(p,
+                 {{xw.view, gpu::Access::read},
+                  {wv, gpu::Access::read},
+                  {yw.view, gpu::Access::write},
+                  {rw.view, gpu::Access::write}},
+                 push, gx, gy, 1, op, 4.0 * double(n) * cols);
+  }
+}
+
+void rmsnorm_backward(gpu::Context& ctx, const gpu::Buffer& dy, const gpu::Buffer& x, const gpu::Buffer& w, DType w_dtype,
+                      const gpu::Buffer& rstd, const gpu::Buffer& dx, uint32_t rows, uint32_t cols, bool accumulate) {
+  constexpr const char* op = "rmsnorm_backward";
+  if (rows == 0) return;
+  if (cols == 0) throw std::logic_error("rmsnorm_backward: cols must be positive");
+  const uint64_t bytes = uint64_t(rows) * cols * 4;
+  check_buffer(ctx, op, "dy", dy, bytes);
+  check_buffer(ctx, op, "x", x, bytes);
+  check_buffer(ctx, op, "dx", dx, bytes);
+  check_buffer(ctx, op, "rstd", rstd, uint64_t(rows) * 4);
+  check_weights(ctx, op, w, w_dtype, cols);
+  if (accumulate && dx.buffer == dy.buffer && dx.offset < dy.offset + bytes && dy.offset < dx.offset + bytes)
+    throw std::logic_error("rmsnorm_backward: with accumulate, dx must not overlap dy");
+  const uint32_t wg = workgroup_size(cols);
+  const auto& p = ctx.pipelines().get(w_dtype == DType::f16 ? "rmsnorm_bwd_f16" : "rmsnorm_bwd_f32", 5,
+                                      sizeof(RmsnormPush), {wg});
+  const uint32_t chunk = rows_per_chunk(ctx, op, cols);
+  const gpu::Buffer wv = w.slice(0, std::min<uint64_t>(w.size, (uint64_t(cols) * dtype_bytes(w_dtype) + 15) / 16 * 16));
+  for (uint32_t r0 = 0; r0 < rows; r0 += std::min(chunk, rows - r0)) {
+    const uint32_t n = std::min(chunk, rows - r0);
+    const uint64_t begin = uint64_t(r0) * cols * 4, len = uint64_t(n) * cols * 4;
+    const Window dyw = window(ctx, dy, begin, len, 4), xw = window(ctx, x, begin, len, 4),
+                 dxw = window(ctx, dx, begin, len, 4);
+    const Window rw = window(ctx, rstd, uint64_t(r0) * 4, uint64_t(n) * 4, 4);
+    const RmsnormPush push{n, cols, xw.first, rw.first, 0.0f, accumulate ? 1u : 0u};
+    const uint32_t gx = std::min<uint32_t>(n, 65535), gy = (n + gx - 1) / gx;
+    ctx.dispatch(p,
+                 {{dyw.view, gpu::Access::read},
+                  {xw.view, gpu::Access::read},
+                  {wv, gpu::Access::read},
+                  {rw.view, gpu::Access::read},
+                  {dxw.view, accumulate ? gpu::Access::read_write : gpu::Access::write}},
+                 push, gx, gy, 1, op, 7.0 * double(n) * cols);
+  }
+}
+
+}  // namespace forja::ops

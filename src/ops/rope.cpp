@@ -1,0 +1,87 @@
+#include "ops/rope.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace forja::ops {
+
+namespace {
+
+// Push constants of kernels/rope.comp.
+struct RopePush {
+  uint32_t tokens, heads, half_dim;
+  uint32_t first_x, first_pos;  // element offsets of the chunk's first token inside the bindings
+  float sign;
+};
+
+constexpr uint32_t kThreads = 256;
+constexpr uint32_t kMaxGroups = 65535;  // the kernel's grid-stride loop covers the rest
+
+uint64_t offset_alignment(const gpu::Context& ctx) {
+  return std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
+}
+
+// A binding that covers bytes [begin, begin + bytes) of `b` from an offset the device accepts;
+// `first` is the number of 4-byte elements between the binding's start and `begin`.
+struct Window {
+  gpu::Buffer view;
+  uint32_t first;
+};
+Window window(const gpu::Context& ctx, const gpu::Buffer& b, uint64_t begin, uint64_t bytes) {
+  const uint64_t align = offset_alignment(ctx);
+  const uint64_t start = begin / align * align;
+  const uint64_t end = std::min<uint64_t>((begin + bytes + 15) / 16 * 16, b.size);
+  return {b.slice(start, end - start), static_cast<uint32_t>((begin - start) / 4)};
+}
+
+void check_buffer(const gpu::Context& ctx, const char* op, const char* name, const gpu::Buffer& b, uint64_t bytes) {
+  if (b.size < bytes)
+    throw std::logic_error(std::string(op) + ": " + name + " holds " + std::to_string(b.size) + " bytes, the shape needs " +
+                           std::to_string(bytes));
+  if (b.offset % offset_alignment(ctx) != 0)
+    throw std::logic_error(std::string(op) + ": " + name + " starts at offset " + std::to_string(b.offset) +
+                           ", not a multiple of the storage-buffer offset alignment");
+}
+
+void rope_apply(gpu::Context& ctx, const char* op, float sign, const gpu::Buffer& x, const gpu::Buffer& positions,
+                const gpu::Buffer& inv_freq, uint32_t tokens, uint32_t heads, uint32_t head_dim) {
+  if (tokens == 0 || heads == 0) return;
+  if (head_dim == 0 || head_dim % 2 != 0)
+    throw std::logic_error(std::string(op) + ": head_dim " + std::to_string(head_dim) + " must be even and positive");
+  const uint64_t row_bytes = uint64_t(heads) * head_dim * 4;  // one token
+  check_buffer(ctx, op, "x", x, tokens * row_bytes);
+  check_buffer(ctx, op, "positions", positions, uint64_t(tokens) * 4);
+  check_buffer(ctx, op, "inv_freq", inv_freq, uint64_t(head_dim / 2) * 4);
+  const uint64_t usable = ctx.info().max_storage_buffer_range - offset_alignment(ctx) - 16;
+  const uint64_t chunk = std::min<uint64_t>(usable / row_bytes, UINT32_MAX / head_dim);
+  if (chunk == 0)
+    throw std::logic_error(std::string(op) + ": one token of " + std::to_string(heads) + " heads x " +
+                           std::to_string(head_dim) + " exceeds the device's storage-buffer binding limit");
+  const auto& p = ctx.pipelines().get("rope", 3, sizeof(RopePush));
+  const gpu::Buffer freq = inv_freq.slice(0, std::min<uint64_t>(inv_freq.size, (uint64_t(head_dim / 2) * 4 + 15) / 16 * 16));
+  for (uint64_t t0 = 0; t0 < tokens; t0 += chunk) {
+    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(chunk, tokens - t0));
+    const Window xw = window(ctx, x, t0 * row_bytes, n * row_bytes);
+    const Window pw = window(ctx, positions, t0 * 4, uint64_t(n) * 4);
+    const RopePush push{n, heads, head_dim / 2, xw.first, pw.first, sign};
+    const uint64_t pairs = uint64_t(n) * (head_dim / 2);
+    const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((pairs + kThreads - 1) / kThreads, kMaxGroups));
+    ctx.dispatch(p, {{xw.view, gpu::Access::read_write}, {pw.view, gpu::Access::read}, {freq, gpu::Access::read}}, push,
+                 groups, 1, 1, op, 6.0 * double(n) * heads * head_dim / 2);
+  }
+}
+
+}  // namespace
+
+void rope_forward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& positions, const gpu::Buffer& inv_freq,
+                  uint32_t tokens, uint32_t heads, uint32_t head_dim) {
+  rope_apply(ctx, "rope_forward", 1.0f, x, positions, inv_freq, tokens, heads, head_dim);
+}
+
+void rope_backward(gpu::Context& ctx, const gpu::Buffer& dx, const gpu::Buffer& positions, const gpu::Buffer& inv_freq,
+                   uint32_t tokens, uint32_t heads, uint32_t head_dim) {
+  rope_apply(ctx, "rope_backward", -1.0f, dx, positions, inv_freq, tokens, heads, head_dim);
+}
+
+}  // namespace forja::ops

@@ -1,0 +1,145 @@
+// RoPE forward and backward against the double-precision reference (ops/ref/rope_ref.h): awkward
+// shapes, positions up to a million (where a GPU's built-in cos/sin would be ~1e-3 off), in
+// place, with sentinels after the output.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "ops/ref/rope_ref.h"
+#include "ops/rope.h"
+#include "support/gpu_fixture.h"
+
+namespace forja::test {
+namespace {
+
+constexpr float kSentinel = 777.25f;
+constexpr uint32_t kPad = 16;  // sentinel elements after each output
+
+class RopeTest : public GpuTest {
+ protected:
+  template <typename T>
+  gpu::Buffer upload(const std::vector<T>& v) {
+    gpu::Buffer b = ctx().alloc((v.size() + kPad) * 4);
+    std::vector<T> padded(v);
+    padded.resize(v.size() + kPad, static_cast<T>(kSentinel));
+    ctx().upload(b, padded);
+    bufs_.push_back(b);
+    return b;
+  }
+  std::vector<float> result(const gpu::Buffer& b, size_t n) {
+    auto v = ctx().download<float>(b, n + kPad);
+    for (uint32_t i = 0; i < kPad; ++i) EXPECT_EQ(v[n + i], kSentinel) << "write past the end at +" << i;
+    v.resize(n);
+    return v;
+  }
+  static void expect_close(const std::vector<float>& got, const std::vector<double>& want, double rtol) {
+    ASSERT_EQ(got.size(), want.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (!(std::abs(got[i] - want[i]) <= rtol * (1.0 + std::abs(want[i]))) && bad++ < 5)
+        ADD_FAILURE() << "element " << i << ": " << got[i] << " vs " << want[i];
+    EXPECT_EQ(bad, 0u);
+  }
+  std::vector<float> random(size_t n) {
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    std::vector<float> v(n);
+    for (auto& x : v) x = u(rng_);
+    return v;
+  }
+  // Positions of packed segments (restarting at 0) mixed with large ones.
+  std::vector<int32_t> positions(uint32_t tokens) {
+    const int32_t large[] = {0, 1, 2, 4095, 32767, 40959, 131071, 999999};
+    std::vector<int32_t> p(tokens);
+    for (uint32_t t = 0; t < tokens; ++t) p[t] = t % 3 == 2 ? large[(t / 3) % 8] : static_cast<int32_t>(t % 5);
+    return p;
+  }
+  // Qwen3's table (theta 1e6), as fp32 values.
+  static std::vector<float> inv_freq(uint32_t head_dim, double theta = 1e6) {
+    std::vector<double> d(head_dim / 2);
+    ref::rope_inv_freq_default(d.data(), head_dim, theta);
+    return {d.begin(), d.end()};
+  }
+  void TearDown() override {
+    for (auto& b : bufs_) ctx().free(b);
+    GpuTest::TearDown();
+  }
+  std::mt19937 rng_{11};
+  std::vector<gpu::Buffer> bufs_;
+};
+
+std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+struct Shape {
+  uint32_t tokens, heads, head_dim;
+};
+
+TEST_F(RopeTest, ForwardAndBackwardMatchReference) {
+  for (Shape s : {Shape{11, 3, 6}, Shape{11, 3, 16}, Shape{11, 3, 128}, Shape{1, 1, 2}, Shape{300, 3, 128},
+                  Shape{7, 16, 64}}) {
+    for (bool backward : {false, true}) {
+      SCOPED_TRACE(std::to_string(s.tokens) + "x" + std::to_string(s.heads) + "x" + std::to_string(s.head_dim) +
+                   (backward ? " backward" : " forward"));
+      const size_t n = size_t(s.tokens) * s.heads * s.head_dim;
+      auto x = random(n);
+      auto pos = positions(s.tokens);
+      auto freq = inv_freq(s.head_dim);
+      auto gx = upload(x), gp = upload(pos), gf = upload(freq);
+      if (backward)
+        ops::rope_backward(ctx(), gx, gp, gf, s.tokens, s.heads, s.head_dim);
+      else
+        ops::rope_forward(ctx(), gx, gp, gf, s.tokens, s.heads, s.head_dim);
+      std::vector<double> y(n), xd = to_double(x), fd = to_double(freq);
+      if (backward)
+        ref::rope_backward(y.data(), xd.data(), pos.data(), fd.data(), s.tokens, s.heads, s.head_dim);
+      else
+        ref::rope_forward(y.data(), xd.data(), pos.data(), fd.data(), s.tokens, s.heads, s.head_dim);
+      expect_close(result(gx, n), y, 2e-6);
+    }
+  }
+}
+
+// Backward after forward gives the input back (the rotation is orthogonal), also for a table
+// with inv_freq[0] = 1 at the largest positions.
+TEST_F(RopeTest, BackwardUndoesForward) {
+  const uint32_t tokens = 11, heads = 3, head_dim = 128;
+  const size_t n = size_t(tokens) * heads * head_dim;
+  auto x = random(n);
+  auto gx = upload(x), gp = upload(positions(tokens)), gf = upload(inv_freq(head_dim, 10000.0));
+  ops::rope_forward(ctx(), gx, gp, gf, tokens, heads, head_dim);
+  ops::rope_backward(ctx(), gx, gp, gf, tokens, heads, head_dim);
+  expect_close(result(gx, n), to_double(x), 2e-6);
+}
+
+// x larger than the binding limit goes through several token chunks. Only where the limit is
+// small enough to test quickly (lavapipe: 128 MiB).
+TEST_F(RopeTest, SplitsAtTheBindingLimit) {
+  const uint64_t limit = ctx().info().max_storage_buffer_range;
+  if (limit > (256ull << 20)) GTEST_SKIP() << "binding limit " << limit << " too large to exceed quickly";
+  const uint32_t heads = 37, head_dim = 128;
+  const uint32_t tokens = static_cast<uint32_t>(limit / (4ull * heads * head_dim)) + 3;
+  const size_t n = size_t(tokens) * heads * head_dim;
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>((i * 2654435761u) % 2001) * 1e-3f - 1.0f;
+  auto pos = positions(tokens);
+  auto freq = inv_freq(head_dim);
+  auto gx = upload(x), gp = upload(pos), gf = upload(freq);
+  ops::rope_forward(ctx(), gx, gp, gf, tokens, heads, head_dim);
+  std::vector<double> y(n), fd = to_double(freq);
+  {
+    auto xd = to_double(x);
+    x.clear();
+    ref::rope_forward(y.data(), xd.data(), pos.data(), fd.data(), tokens, heads, head_dim);
+  }
+  expect_close(result(gx, n), y, 2e-6);
+}
+
+TEST_F(RopeTest, RejectsOddHeadDim) {
+  auto gx = upload(std::vector<float>(30)), gp = upload(std::vector<int32_t>(2)), gf = upload(std::vector<float>(4));
+  EXPECT_THROW(ops::rope_forward(ctx(), gx, gp, gf, 2, 3, 5), std::logic_error);
+  EXPECT_THROW(ops::rope_forward(ctx(), gx, gp, gf, 2, 3, 1000), std::logic_error);
+}
+
+}  // namespace
+}  // namespace forja::test
