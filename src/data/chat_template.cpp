@@ -3,6 +3,8 @@
 // tests/fixtures/tokenizer/chat_*.json hold renders by transformers to compare with).
 #include "data/chat_template.h"
 
+#include <nlohmann/json.hpp>
+
 #include "data/utf8.h"
 #include "util/error.h"
 
@@ -174,10 +176,37 @@ void render_llama3(Builder& b, std::span<const ChatMessage> m, const ChatRenderO
   if (o.add_generation_prompt) b.add("<|start_header_id|>assistant<|end_header_id|>\n\n", false);
 }
 
+// Llama 3.1/3.2/3.3: a system turn always comes first, dated; tool results are "ipython" turns
+// whose content the template passes through `tojson` (a string becomes a quoted JSON string).
+void render_llama31(Builder& b, std::span<const ChatMessage> m, const ChatRenderOptions& o,
+                    const std::string& bos) {
+  std::string system;
+  if (!m.empty() && m[0].role == "system") {
+    system = std::string(py_strip(m[0].content));
+    m = m.subspan(1);
+  }
+  b.add(bos + "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December "
+              "2023\nToday Date: 26 Jul 2024\n\n" + system + "<|eot_id|>",
+        false);
+  for (const ChatMessage& msg : m) {
+    if (msg.role == "tool") {
+      b.add("<|start_header_id|>ipython<|end_header_id|>\n\n" + nlohmann::json(msg.content).dump() +
+                "<|eot_id|>",
+            false);
+      continue;
+    }
+    const bool assistant = msg.role == "assistant";
+    b.add("<|start_header_id|>" + msg.role + "<|end_header_id|>\n\n", false);
+    b.add(py_strip(msg.content), assistant);
+    b.add("<|eot_id|>", assistant);
+  }
+  if (o.add_generation_prompt) b.add("<|start_header_id|>assistant<|end_header_id|>\n\n", false);
+}
+
 }  // namespace
 
 std::vector<std::string> ChatTemplate::names() {
-  return {"qwen3", "qwen2.5", "qwen2", "chatml", "llama3"};
+  return {"qwen3", "qwen2.5", "qwen2", "chatml", "llama3", "llama3.1"};
 }
 
 std::string ChatTemplate::name() const {
@@ -187,12 +216,13 @@ std::string ChatTemplate::name() const {
     case Family::qwen2: return "qwen2";
     case Family::chatml: return "chatml";
     case Family::llama3: return "llama3";
+    case Family::llama3_1: return "llama3.1";
   }
   return "?";
 }
 
 std::string ChatTemplate::turn_end() const {
-  return family_ == Family::llama3 ? "<|eot_id|>" : "<|im_end|>";
+  return family_ == Family::llama3 || family_ == Family::llama3_1 ? "<|eot_id|>" : "<|im_end|>";
 }
 
 ChatTemplate ChatTemplate::by_name(std::string_view name) {
@@ -201,6 +231,8 @@ ChatTemplate ChatTemplate::by_name(std::string_view name) {
   if (name == "qwen2") return ChatTemplate(Family::qwen2);
   if (name == "chatml") return ChatTemplate(Family::chatml);
   if (name == "llama3" || name == "llama-3") return ChatTemplate(Family::llama3);
+  if (name == "llama3.1" || name == "llama3.2" || name == "llama3.3")
+    return ChatTemplate(Family::llama3_1);
   std::string known;
   for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
   throw UserError("unknown chat template \"" + std::string(name) + "\"; choose one of " + known +
@@ -222,9 +254,10 @@ ChatTemplate ChatTemplate::detect(const TokenizerConfig& config) {
     if (has("You are a helpful assistant.")) return ChatTemplate(Family::qwen2);
     if (!has("tools") && !has("Cutting Knowledge")) return ChatTemplate(Family::chatml);
   }
-  if (has("<|start_header_id|>") && has("<|eot_id|>") && !has("Cutting Knowledge") &&
-      !has("ipython"))
-    return ChatTemplate(Family::llama3);
+  if (has("<|start_header_id|>") && has("<|eot_id|>")) {
+    if (has("Cutting Knowledge Date")) return ChatTemplate(Family::llama3_1);
+    if (!has("ipython")) return ChatTemplate(Family::llama3);
+  }
   throw UserError(where + ": its chat_template is not one forja knows (it recognises " + known +
                   "); choose the closest with --chat-template NAME, or give data as "
                   "{\"text\"} or {\"prompt\",\"completion\"}");
@@ -248,6 +281,7 @@ std::vector<ChatSegment> ChatTemplate::render(std::span<const ChatMessage> messa
     case Family::qwen2: render_chatml(b, messages, options, "You are a helpful assistant."); break;
     case Family::chatml: render_chatml(b, messages, options, ""); break;
     case Family::llama3: render_llama3(b, messages, options, bos_token); break;
+    case Family::llama3_1: render_llama31(b, messages, options, bos_token); break;
   }
   return b.take();
 }

@@ -8,6 +8,10 @@
 //   qwen2    ChatML with the default system prompt "You are a helpful assistant."
 //   chatml   ChatML, no default system prompt
 //   llama3   Llama 3 (<|start_header_id|>role<|end_header_id|>\n\n content|trim <|eot_id|>)
+//   llama3.1 Llama 3.1/3.2/3.3: as llama3, after a system turn that always comes first and starts
+//            "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n" (the template's
+//            fixed date; 3.2's template takes today's date when rendering, forja keeps the fixed
+//            one so that data tokenizes the same every day); tool results are ipython turns
 // detect() picks one from tokenizer_config.json's chat_template text.
 //
 // Masking choices (the defaults):
@@ -50,7 +54,7 @@ struct ChatRenderOptions {
 
 class ChatTemplate {
  public:
-  enum class Family { qwen3, qwen2_5, qwen2, chatml, llama3 };
+  enum class Family { qwen3, qwen2_5, qwen2, chatml, llama3, llama3_1 };
 
   // By name (see above). Unknown names are a UserError listing the known ones.
   static ChatTemplate by_name(std::string_view name);

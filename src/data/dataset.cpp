@@ -202,7 +202,7 @@ TokenizedExample tokenize_line(std::string_view line, const std::string& where,
     if (!chat)
       throw UserError(where + ": a conversation, but " + tok.origin() +
                       " has no chat template forja recognises; choose one with --chat-template "
-                      "NAME (qwen3, qwen2.5, qwen2, chatml, llama3)");
+                      "NAME (qwen3, qwen2.5, qwen2, chatml, llama3, llama3.1)");
     if (!opt.train_on_inputs &&
         std::none_of(msgs.begin(), msgs.end(), [](const ChatMessage& m) {
           return m.role == "assistant";
@@ -507,9 +507,9 @@ int64_t Dataset::loss_tokens() const {
 TokenizedExample Dataset::example(int64_t i) const { return src_->example(examples_.at(size_t(i))); }
 int64_t Dataset::line_of(int64_t i) const { return src_->line.at(examples_.at(size_t(i))); }
 
-const Dataset::Plan& Dataset::plan(int64_t epoch) const {
+std::shared_ptr<const Dataset::Plan> Dataset::plan(int64_t epoch) const {
   std::lock_guard lock(*plan_mutex_);
-  if (plan_ && plan_->epoch == epoch) return *plan_;
+  if (plan_ && plan_->epoch == epoch) return plan_;
   auto p = std::make_shared<Plan>();
   p->epoch = epoch;
   p->order = examples_;
@@ -531,10 +531,12 @@ const Dataset::Plan& Dataset::plan(int64_t epoch) const {
     for (size_t k = 1; k <= p->order.size(); ++k) p->row_start.push_back(k);
   }
   plan_ = p;
-  return *plan_;
+  return plan_;
 }
 
-int64_t Dataset::num_rows(int64_t epoch) const { return int64_t(plan(epoch).row_start.size()) - 1; }
+int64_t Dataset::num_rows(int64_t epoch) const {
+  return int64_t(plan(epoch)->row_start.size()) - 1;
+}
 
 int64_t Dataset::num_batches(int64_t epoch, int32_t batch_size) const {
   if (batch_size < 1) throw UserError("batch size must be at least 1");
@@ -543,7 +545,8 @@ int64_t Dataset::num_batches(int64_t epoch, int32_t batch_size) const {
 
 Batch Dataset::batch(int64_t epoch, int64_t index, int32_t batch_size) const {
   if (batch_size < 1) throw UserError("batch size must be at least 1");
-  const Plan& p = plan(epoch);
+  const auto plan_ptr = plan(epoch);
+  const Plan& p = *plan_ptr;
   const int32_t S = seq_len();
   const int32_t pad = src_->tokenizer->pad_id().value_or(src_->tokenizer->eos_id().value_or(0));
   Batch b;

@@ -117,18 +117,19 @@ class Dataset {
   int64_t num_rows(int64_t epoch) const;
   int64_t num_batches(int64_t epoch, int32_t batch_size) const;
   // The index-th batch of an epoch, always [batch_size, seq_len]; rows past the epoch's end are
-  // padding. The eval split is never shuffled.
+  // padding. The eval split is never shuffled. Thread-safe: a loader thread may call it while
+  // the trainer runs (each call re-reads or copies its examples; the tokenizer must outlive it).
   Batch batch(int64_t epoch, int64_t index, int32_t batch_size) const;
 
  private:
   struct Source;
   struct Plan;
   Dataset(std::shared_ptr<Source> src, std::vector<uint32_t> examples, bool shuffled);
-  const Plan& plan(int64_t epoch) const;
+  std::shared_ptr<const Plan> plan(int64_t epoch) const;
   std::shared_ptr<Source> src_;
   std::vector<uint32_t> examples_;  // indices into the source's examples, file order
   bool shuffled_;
-  mutable std::shared_ptr<Plan> plan_;
+  mutable std::shared_ptr<const Plan> plan_;  // the last epoch's, shared with callers
   mutable std::unique_ptr<std::mutex> plan_mutex_;
 };
 

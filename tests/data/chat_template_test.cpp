@@ -105,6 +105,28 @@ TEST(ChatTemplateMask, ChatmlFamiliesAndLlama3) {
   EXPECT_EQ(trainable_text(l), "hello<|eot_id|>");
 }
 
+TEST(ChatTemplateMask, Llama31DatedSystemTurnAndTools) {
+  // As rendered by transformers with Llama 3.1's template (date fallback "26 Jul 2024").
+  const std::vector<ChatMessage> m = {{"system", " Be brief. ", {}},
+                                      {"user", "Weather?", {}},
+                                      {"assistant", "Checking.", {}},
+                                      {"tool", "sunny \"22\"", {}},
+                                      {"assistant", " Sunny. ", {}}};
+  const auto t = ChatTemplate::by_name("llama3.1");
+  EXPECT_EQ(t.render_text(m, {}, "<|begin_of_text|>"),
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge "
+            "Date: December 2023\nToday Date: 26 Jul 2024\n\nBe brief.<|eot_id|>"
+            "<|start_header_id|>user<|end_header_id|>\n\nWeather?<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nChecking.<|eot_id|>"
+            "<|start_header_id|>ipython<|end_header_id|>\n\n\"sunny \\\"22\\\"\"<|eot_id|>"
+            "<|start_header_id|>assistant<|end_header_id|>\n\nSunny.<|eot_id|>");
+  EXPECT_EQ(trainable_text(t.render(m)), "Checking.<|eot_id|>Sunny.<|eot_id|>");
+  TokenizerConfig cfg;
+  cfg.chat_template = "{{- bos_token }}... Cutting Knowledge Date: December 2023 ...<|start_header_id|>"
+                      "...<|eot_id|>";
+  EXPECT_EQ(ChatTemplate::detect(cfg).name(), "llama3.1");
+}
+
 TEST(ChatTemplateErrors, UnknownNamesRolesAndTemplates) {
   try {
     ChatTemplate::by_name("vicuna");
