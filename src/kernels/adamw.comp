@@ -9,8 +9,8 @@
 // with step_size = lr / (1 - beta1^t) and sqrt_bc2 = sqrt(1 - beta2^t) from the host (double).
 // grad_norm[0] is the L2 norm of the stored gradients (ops::global_l2_norm), so the norm of the
 // scaled gradients is grad_scale * grad_norm[0]: loss scaling does not change the clipping.
-// Like torch's clamp, a NaN coefficient (NaN norm) stays NaN and poisons the step visibly; the
-// trainer checks the norm before stepping.
+// A non-finite norm gives an unspecified step (compilers may turn the clamp into min(), which
+// drops NaN): the trainer checks the norm before stepping (design.md: stop or skip the step).
 //! variant adamw
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC {
@@ -32,9 +32,8 @@ layout(set = 0, binding = 4) readonly buffer N { float grad_norm[]; };
 void main() {
   float scale = pc.grad_scale;
   if (pc.max_grad_norm > 0.0) {
-    float coef = pc.max_grad_norm / (pc.grad_scale * grad_norm[0] + 1e-6);
-    if (coef > 1.0) coef = 1.0;  // a NaN coefficient fails the test and stays NaN
-    scale *= coef;
+    const float coef = pc.max_grad_norm / (pc.grad_scale * grad_norm[0] + 1e-6);
+    scale *= min(coef, 1.0);
   }
   for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += gl_NumWorkGroups.x * 256u) {
     const float g = grad[i] * scale;

@@ -22,8 +22,8 @@ struct AdamwParams {
 // ops::global_l2_norm over all trainable gradients; the kernel scales it by grad_scale, so the
 // clipping sees the norm of the unscaled gradients. The bias corrections are computed here in
 // double. The step runs on the GPU without a host round trip; the trainer reads grad_norm
-// separately to log it and to stop on a non-finite norm (a NaN norm makes every update NaN,
-// as torch does). Arrays larger than the binding limit are processed in chunks.
+// separately to log it and must not step on a non-finite norm (the update is then
+// unspecified). Arrays larger than the binding limit are processed in chunks.
 void adamw_step(gpu::Context& ctx, const gpu::Buffer& param, const gpu::Buffer& grad, const gpu::Buffer& m,
                 const gpu::Buffer& v, uint64_t n, const gpu::Buffer& grad_norm, const AdamwParams& p);
 

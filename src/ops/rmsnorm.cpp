@@ -43,9 +43,12 @@ void check_buffer(const gpu::Context& ctx, const char* op, const char* name, con
 }
 
 // Workgroup size for a row of `cols`: about two columns per invocation, a power of two in
-// [32, 256], so short rows (q/k norms over head_dim) do not leave most invocations idle.
-uint32_t workgroup_size(uint32_t cols) {
+// [32, 256], so short rows (q/k norms over head_dim) do not leave most invocations idle. On a
+// CPU (lavapipe) every barrier of the reduction costs a pass over all invocations, so there the
+// smallest size is the fastest.
+uint32_t workgroup_size(const gpu::Context& ctx, uint32_t cols) {
   uint32_t wg = 32;
+  if (ctx.info().is_cpu()) return wg;
   while (wg < 256 && wg * 2 < cols) wg *= 2;
   return wg;
 }
@@ -78,7 +81,7 @@ void rmsnorm_forward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer&
   check_buffer(ctx, op, "y", y, bytes);
   check_buffer(ctx, op, "rstd", rstd, uint64_t(rows) * 4);
   check_weights(ctx, op, w, w_dtype, cols);
-  const uint32_t wg = workgroup_size(cols);
+  const uint32_t wg = workgroup_size(ctx, cols);
   const auto& p = ctx.pipelines().get(w_dtype == DType::f16 ? "rmsnorm_fwd_f16" : "rmsnorm_fwd_f32", 4,
                                       sizeof(RmsnormPush), {wg});
   const uint32_t chunk = rows_per_chunk(ctx, op, cols);
@@ -113,7 +116,7 @@ void rmsnorm_backward(gpu::Context& ctx, const gpu::Buffer& dy, const gpu::Buffe
   check_weights(ctx, op, w, w_dtype, cols);
   if (accumulate && dx.buffer == dy.buffer && dx.offset < dy.offset + bytes && dy.offset < dx.offset + bytes)
     throw std::logic_error("rmsnorm_backward: with accumulate, dx must not overlap dy");
-  const uint32_t wg = workgroup_size(cols);
+  const uint32_t wg = workgroup_size(ctx, cols);
   const auto& p = ctx.pipelines().get(w_dtype == DType::f16 ? "rmsnorm_bwd_f16" : "rmsnorm_bwd_f32", 5,
                                       sizeof(RmsnormPush), {wg});
   const uint32_t chunk = rows_per_chunk(ctx, op, cols);

@@ -109,16 +109,6 @@ TEST_F(AdamwTest, TwoStepsMatchReference) {
   }
 }
 
-// A NaN norm makes the step NaN (torch's clamp keeps NaN), so a bad step cannot pass silently.
-TEST_F(AdamwTest, NanNormPoisonsTheStep) {
-  const uint64_t n = 5;
-  auto gp = upload(std::vector<float>(n, 1.0f)), gg = upload(std::vector<float>(n, 0.5f));
-  auto gm = upload(std::vector<float>(n, 0.0f)), gv = upload(std::vector<float>(n, 0.0f));
-  auto gnorm = upload({std::nanf("")});
-  ops::adamw_step(ctx(), gp, gg, gm, gv, n, gnorm, {1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 1.0f, 1});
-  for (float x : result(gp, n)) EXPECT_TRUE(std::isnan(x));
-}
-
 TEST_F(AdamwTest, RejectsBadArguments) {
   auto b = upload(std::vector<float>(8, 0.0f));
   const ops::AdamwParams ok{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1.0f, 1.0f, 1};

@@ -164,24 +164,44 @@ TEST_F(NormTest, BackwardInPlaceOverDy) {
 
 // A [rows, cols] tensor larger than the binding limit goes through several dispatches whose
 // bindings start at aligned offsets inside a row (cols is odd). Only where the limit is small
-// enough to test quickly (lavapipe: 128 MiB).
+// enough to test quickly (lavapipe: 128 MiB). x is filled with ones on the GPU; random rows go
+// around the first chunk's end and at both ends, and only those are read back (all of rstd is).
 TEST_F(NormTest, ForwardSplitsAtTheBindingLimit) {
   const uint64_t limit = ctx().info().max_storage_buffer_range;
   if (limit > (256ull << 20)) GTEST_SKIP() << "binding limit " << limit << " too large to exceed quickly";
-  const uint32_t cols = 2599, rows = static_cast<uint32_t>(limit / (4ull * cols)) + 5;
-  const size_t n = size_t(rows) * cols;
-  std::vector<float> x(n), w = random(cols, 0.5f, 1.5f);
-  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>((i * 2654435761u) % 1999) * 1e-3f - 1.0f;
-  auto gx = upload(x), gw = upload_weights(w, ops::DType::f16), gr = output(rows);
-  ops::rmsnorm_forward(ctx(), gx, gw, ops::DType::f16, gx, gr, rows, cols, kEps);
-  std::vector<double> y(n), rstd(rows);
-  {
-    auto xd = to_double(x), wd = to_double(w);
-    ref::rmsnorm_forward(y.data(), rstd.data(), xd.data(), wd.data(), rows, cols, kEps);
+  const uint32_t cols = 2599, boundary = static_cast<uint32_t>(limit / (4ull * cols)), rows = boundary + 5;
+  const uint64_t row_bytes = uint64_t(cols) * 4;
+  gpu::Buffer gx = ctx().alloc(rows * row_bytes + kPad * 4, "large rmsnorm input");
+  bufs_.push_back(gx);
+  ctx().fill(gx, 0x3f800000u);  // 1.0f
+  ctx().upload(gx.slice(rows * row_bytes, kPad * 4), std::vector<float>(kPad, kSentinel));
+  const std::vector<uint32_t> picked = {0, boundary - 3, boundary - 2, boundary - 1, boundary, boundary + 1, rows - 1};
+  std::vector<float> x;  // the picked rows, [picked, cols]
+  for (uint32_t r : picked) {
+    auto row = random(cols);
+    ctx().upload(gx.slice(r * row_bytes, row_bytes), row);
+    x.insert(x.end(), row.begin(), row.end());
   }
-  x.clear();
-  expect_close(result(gx, n), y, 1e-5);
-  expect_close(result(gr, rows), rstd, 1e-5);
+  auto w = random(cols, 0.5f, 1.5f);
+  auto gw = upload_weights(w, ops::DType::f16), gr = output(rows);
+  ops::rmsnorm_forward(ctx(), gx, gw, ops::DType::f16, gx, gr, rows, cols, kEps);
+
+  const auto k = static_cast<uint32_t>(picked.size());
+  std::vector<double> y(x.size()), rstd(k), xd = to_double(x), wd = to_double(w);
+  ref::rmsnorm_forward(y.data(), rstd.data(), xd.data(), wd.data(), k, cols, kEps);
+  std::vector<float> got;
+  for (uint32_t r : picked) {
+    std::vector<float> row(cols);
+    ctx().download(gx.slice(r * row_bytes, row_bytes), row.data(), row_bytes);
+    got.insert(got.end(), row.begin(), row.end());
+  }
+  expect_close(got, y, 1e-5);
+  EXPECT_EQ(ctx().download<float>(gx.slice(rows * row_bytes, kPad * 4), kPad), std::vector<float>(kPad, kSentinel))
+      << "write past the end";
+  // Every other row is all ones: rstd = 1 / sqrt(1 + eps).
+  std::vector<double> want_rstd(rows, 1.0 / std::sqrt(1.0 + kEps));
+  for (uint32_t i = 0; i < k; ++i) want_rstd[picked[i]] = rstd[i];
+  expect_close(result(gr, rows), want_rstd, 1e-5);
 }
 
 TEST_F(NormTest, RejectsBadShapes) {

@@ -113,26 +113,43 @@ TEST_F(RopeTest, BackwardUndoesForward) {
 }
 
 // x larger than the binding limit goes through several token chunks. Only where the limit is
-// small enough to test quickly (lavapipe: 128 MiB).
+// small enough to test quickly (lavapipe: 128 MiB). x is filled with ones on the GPU; random
+// tokens go around the first chunk's end and at both ends, and only those are read back.
 TEST_F(RopeTest, SplitsAtTheBindingLimit) {
   const uint64_t limit = ctx().info().max_storage_buffer_range;
   if (limit > (256ull << 20)) GTEST_SKIP() << "binding limit " << limit << " too large to exceed quickly";
   const uint32_t heads = 37, head_dim = 128;
-  const uint32_t tokens = static_cast<uint32_t>(limit / (4ull * heads * head_dim)) + 3;
-  const size_t n = size_t(tokens) * heads * head_dim;
-  std::vector<float> x(n);
-  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>((i * 2654435761u) % 2001) * 1e-3f - 1.0f;
+  const uint64_t row_bytes = uint64_t(heads) * head_dim * 4, row = row_bytes / 4;  // one token
+  const auto boundary = static_cast<uint32_t>(limit / row_bytes), tokens = boundary + 3;
+  gpu::Buffer gx = ctx().alloc(tokens * row_bytes + kPad * 4, "large rope input");
+  bufs_.push_back(gx);
+  ctx().fill(gx, 0x3f800000u);  // 1.0f
+  ctx().upload(gx.slice(tokens * row_bytes, kPad * 4), std::vector<float>(kPad, kSentinel));
+  const std::vector<uint32_t> picked = {0, boundary - 3, boundary - 2, boundary - 1, boundary, boundary + 1, tokens - 1};
+  std::vector<float> x;  // the picked tokens, [picked, heads, head_dim]
+  for (uint32_t t : picked) {
+    auto r = random(row);
+    ctx().upload(gx.slice(t * row_bytes, row_bytes), r);
+    x.insert(x.end(), r.begin(), r.end());
+  }
   auto pos = positions(tokens);
   auto freq = inv_freq(head_dim);
-  auto gx = upload(x), gp = upload(pos), gf = upload(freq);
+  auto gp = upload(pos), gf = upload(freq);
   ops::rope_forward(ctx(), gx, gp, gf, tokens, heads, head_dim);
-  std::vector<double> y(n), fd = to_double(freq);
-  {
-    auto xd = to_double(x);
-    x.clear();
-    ref::rope_forward(y.data(), xd.data(), pos.data(), fd.data(), tokens, heads, head_dim);
+
+  std::vector<int32_t> picked_pos;
+  for (uint32_t t : picked) picked_pos.push_back(pos[t]);
+  std::vector<double> y(x.size()), xd = to_double(x), fd = to_double(freq);
+  ref::rope_forward(y.data(), xd.data(), picked_pos.data(), fd.data(), int64_t(picked.size()), heads, head_dim);
+  std::vector<float> got;
+  for (uint32_t t : picked) {
+    std::vector<float> r(row);
+    ctx().download(gx.slice(t * row_bytes, row_bytes), r.data(), row_bytes);
+    got.insert(got.end(), r.begin(), r.end());
   }
-  expect_close(result(gx, n), y, 2e-6);
+  expect_close(got, y, 2e-6);
+  EXPECT_EQ(ctx().download<float>(gx.slice(tokens * row_bytes, kPad * 4), kPad), std::vector<float>(kPad, kSentinel))
+      << "write past the end";
 }
 
 TEST_F(RopeTest, RejectsOddHeadDim) {
