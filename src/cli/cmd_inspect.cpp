@@ -102,6 +102,7 @@ forja::cli::CommandRegistration reg{
         if (!cmd->parsed()) return -1;  // another subcommand was chosen
         const std::filesystem::path dir(*model_dir);
         const model::ModelConfig c = model::load_model_config(dir);
+        const std::string weights = check_checkpoint(dir, c);  // errors before any output
         model::TrainingSettings s = *settings;
         s.double_quant = !*no_dq;
         s.activation_bytes = *fp32 ? 4 : 2;
@@ -121,7 +122,7 @@ forja::cli::CommandRegistration reg{
           std::printf(" factor %g", c.rope_scaling.factor);
         std::printf(", max positions %lld", (long long)c.max_position_embeddings);
         if (c.sliding_window) std::printf(", sliding window %lld", (long long)*c.sliding_window);
-        std::printf("\n  weights: %s\n", check_checkpoint(dir, c).c_str());
+        std::printf("\n  weights: %s\n", weights.c_str());
 
         const model::ParameterCounts p = model::count_parameters(c);
         std::printf("parameters: %s\n", with_commas(p.total()).c_str());
