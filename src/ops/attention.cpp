@@ -1,0 +1,185 @@
+#include "ops/attention.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace forja::ops {
+
+namespace {
+
+// Must match PC in kernels/attention.comp.
+struct AttnPush {
+  uint32_t seq, n_heads, n_kv_heads, head_dim;
+  float scale;
+  uint32_t off[9];  // element offsets, in binding order
+};
+
+constexpr uint32_t kMaxHeadDim = 128;  // DMAX in the kernels
+constexpr uint32_t kQueryTile = 16;    // BQ of attn_fwd and attn_bwd_dq
+constexpr uint32_t kKeyTile = 16;      // BK of attn_bwd_dkdv
+
+struct Dims {
+  uint32_t batch, seq, nh, nkv, d;
+  // Elements per sequence of a q-like, a kv-like, a per-row-statistics and a segment array.
+  uint64_t q_seq() const { return uint64_t(seq) * nh * d; }
+  uint64_t kv_seq() const { return uint64_t(seq) * nkv * d; }
+  uint64_t stat_seq() const { return uint64_t(seq) * nh; }
+};
+
+void check_buffer(const char* op, const char* name, const gpu::Buffer& b, uint64_t elements) {
+  if (b.size < elements * 4)
+    throw std::invalid_argument(std::string(op) + ": buffer '" + name + "' has " + std::to_string(b.size) +
+                                " bytes, the shape needs " + std::to_string(elements * 4));
+}
+
+void check_dims(const char* op, const Dims& m) {
+  if (m.nh == 0 || m.nkv == 0 || m.nh % m.nkv != 0)
+    throw std::invalid_argument(std::string(op) + ": n_heads (" + std::to_string(m.nh) +
+                                ") must be a positive multiple of n_kv_heads (" + std::to_string(m.nkv) + ")");
+  if (m.d == 0 || m.d > kMaxHeadDim)
+    throw std::invalid_argument(std::string(op) + ": head_dim " + std::to_string(m.d) + " is outside 1.." +
+                                std::to_string(kMaxHeadDim) + " (the kernels' tile width)");
+}
+
+// A binding covering `count` 4-byte elements of `b` from element `first`, starting at a byte
+// offset the device accepts; the kernel adds the returned element offset.
+struct Bound {
+  gpu::Buffer buffer;
+  uint32_t offset;
+};
+Bound bind(const gpu::Context& ctx, const gpu::Buffer& b, uint64_t first, uint64_t count) {
+  const uint64_t align = std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
+  const uint64_t begin = first * 4 / align * align;
+  const uint64_t end = std::min<uint64_t>(b.size, (first + std::max<uint64_t>(count, 1)) * 4);
+  return {b.slice(begin, end - begin), static_cast<uint32_t>((first * 4 - begin) / 4)};
+}
+
+// Sequences per dispatch so that the largest binding (plus alignment slack) fits the device.
+uint32_t sequences_per_dispatch(const gpu::Context& ctx, const char* op, const Dims& m) {
+  const uint64_t range = ctx.info().max_storage_buffer_range;
+  const uint64_t slack = std::max<uint64_t>(256, ctx.info().min_storage_offset_alignment);
+  const uint64_t per_seq = std::max({m.q_seq(), m.kv_seq(), m.stat_seq()}) * 4;
+  if (per_seq + slack > range)
+    throw std::invalid_argument(std::string(op) + ": one sequence of q (" + std::to_string(per_seq) +
+                                " bytes) exceeds the device's maxStorageBufferRange; lower the sequence length");
+  return static_cast<uint32_t>(std::min<uint64_t>({(range - slack) / per_seq, m.batch, 65535}));
+}
+
+}  // namespace
+
+void attention_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
+                       const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse, uint32_t batch,
+                       uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim, float scale) {
+  const char* op = "attention_forward";
+  const Dims m{batch, seq, n_heads, n_kv_heads, head_dim};
+  check_dims(op, m);
+  if (batch == 0 || seq == 0) return;
+  check_buffer(op, "q", q, m.q_seq() * batch);
+  check_buffer(op, "k", k, m.kv_seq() * batch);
+  check_buffer(op, "v", v, m.kv_seq() * batch);
+  check_buffer(op, "segments", segments, uint64_t(seq) * batch);
+  check_buffer(op, "out", out, m.q_seq() * batch);
+  check_buffer(op, "lse", lse, m.stat_seq() * batch);
+
+  const auto& p = ctx.pipelines().get("attn_fwd", 6, sizeof(AttnPush));
+  const uint32_t per = sequences_per_dispatch(ctx, op, m);
+  for (uint32_t b0 = 0; b0 < batch; b0 += per) {
+    const uint32_t nb = std::min(per, batch - b0);
+    const Bound bq = bind(ctx, q, b0 * m.q_seq(), nb * m.q_seq());
+    const Bound bk = bind(ctx, k, b0 * m.kv_seq(), nb * m.kv_seq());
+    const Bound bv = bind(ctx, v, b0 * m.kv_seq(), nb * m.kv_seq());
+    const Bound bs = bind(ctx, segments, uint64_t(b0) * seq, uint64_t(nb) * seq);
+    const Bound bo = bind(ctx, out, b0 * m.q_seq(), nb * m.q_seq());
+    const Bound bl = bind(ctx, lse, b0 * m.stat_seq(), nb * m.stat_seq());
+    const AttnPush push{seq, n_heads, n_kv_heads, head_dim, scale,
+                        {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, 0, 0, 0}};
+    // Causal: about half of the S x S scores, each a d-long dot in QK^T and in PV.
+    const double flops = 2.0 * 2.0 * nb * n_heads * (0.5 * seq * (seq + 1.0)) * head_dim;
+    ctx.dispatch(p,
+                 {{bq.buffer, gpu::Access::read},
+                  {bk.buffer, gpu::Access::read},
+                  {bv.buffer, gpu::Access::read},
+                  {bs.buffer, gpu::Access::read},
+                  {bo.buffer, gpu::Access::write},
+                  {bl.buffer, gpu::Access::write}},
+                 push, (seq + kQueryTile - 1) / kQueryTile, n_heads, nb, op, flops);
+  }
+}
+
+void attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
+                        const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
+                        const gpu::Buffer& dout, const gpu::Buffer& dq, const gpu::Buffer& dk, const gpu::Buffer& dv,
+                        uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+                        float scale) {
+  const char* op = "attention_backward";
+  const Dims m{batch, seq, n_heads, n_kv_heads, head_dim};
+  check_dims(op, m);
+  if (batch == 0 || seq == 0) return;
+  check_buffer(op, "q", q, m.q_seq() * batch);
+  check_buffer(op, "k", k, m.kv_seq() * batch);
+  check_buffer(op, "v", v, m.kv_seq() * batch);
+  check_buffer(op, "segments", segments, uint64_t(seq) * batch);
+  check_buffer(op, "out", out, m.q_seq() * batch);
+  check_buffer(op, "lse", lse, m.stat_seq() * batch);
+  check_buffer(op, "dout", dout, m.q_seq() * batch);
+  check_buffer(op, "dq", dq, m.q_seq() * batch);
+  check_buffer(op, "dk", dk, m.kv_seq() * batch);
+  check_buffer(op, "dv", dv, m.kv_seq() * batch);
+
+  // D_i = dout_i . out_i per (sequence, head, query), written by attn_bwd_dq, read by attn_bwd_dkdv.
+  gpu::Buffer drow = ctx.alloc(m.stat_seq() * batch * 4, "attention D");
+  const auto& pdq = ctx.pipelines().get("attn_bwd_dq", 9, sizeof(AttnPush));
+  const auto& pkv = ctx.pipelines().get("attn_bwd_dkdv", 9, sizeof(AttnPush));
+  const uint32_t per = sequences_per_dispatch(ctx, op, m);
+  // FLOPs: dq recomputes QK^T and dP (2 products) and forms dS k; dkdv recomputes both again and
+  // forms P^T dout and dS^T q: 7 causal-half products in all.
+  for (uint32_t b0 = 0; b0 < batch; b0 += per) {
+    const uint32_t nb = std::min(per, batch - b0);
+    const Bound bq = bind(ctx, q, b0 * m.q_seq(), nb * m.q_seq());
+    const Bound bk = bind(ctx, k, b0 * m.kv_seq(), nb * m.kv_seq());
+    const Bound bv = bind(ctx, v, b0 * m.kv_seq(), nb * m.kv_seq());
+    const Bound bs = bind(ctx, segments, uint64_t(b0) * seq, uint64_t(nb) * seq);
+    const Bound bo = bind(ctx, out, b0 * m.q_seq(), nb * m.q_seq());
+    const Bound bl = bind(ctx, lse, b0 * m.stat_seq(), nb * m.stat_seq());
+    const Bound bdo = bind(ctx, dout, b0 * m.q_seq(), nb * m.q_seq());
+    const Bound bdq = bind(ctx, dq, b0 * m.q_seq(), nb * m.q_seq());
+    const Bound bdk = bind(ctx, dk, b0 * m.kv_seq(), nb * m.kv_seq());
+    const Bound bdv = bind(ctx, dv, b0 * m.kv_seq(), nb * m.kv_seq());
+    const Bound bd = bind(ctx, drow, b0 * m.stat_seq(), nb * m.stat_seq());
+    const double product = 2.0 * nb * n_heads * (0.5 * seq * (seq + 1.0)) * head_dim;
+
+    const AttnPush push_dq{seq, n_heads, n_kv_heads, head_dim, scale,
+                           {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, bdo.offset, bdq.offset,
+                            bd.offset}};
+    ctx.dispatch(pdq,
+                 {{bq.buffer, gpu::Access::read},
+                  {bk.buffer, gpu::Access::read},
+                  {bv.buffer, gpu::Access::read},
+                  {bs.buffer, gpu::Access::read},
+                  {bo.buffer, gpu::Access::read},
+                  {bl.buffer, gpu::Access::read},
+                  {bdo.buffer, gpu::Access::read},
+                  {bdq.buffer, gpu::Access::write},
+                  {bd.buffer, gpu::Access::write}},
+                 push_dq, (seq + kQueryTile - 1) / kQueryTile, n_heads, nb, "attention_backward_dq", 3 * product);
+
+    const AttnPush push_kv{seq, n_heads, n_kv_heads, head_dim, scale,
+                           {bq.offset, bk.offset, bv.offset, bs.offset, bl.offset, bdo.offset, bd.offset, bdk.offset,
+                            bdv.offset}};
+    ctx.dispatch(pkv,
+                 {{bq.buffer, gpu::Access::read},
+                  {bk.buffer, gpu::Access::read},
+                  {bv.buffer, gpu::Access::read},
+                  {bs.buffer, gpu::Access::read},
+                  {bl.buffer, gpu::Access::read},
+                  {bdo.buffer, gpu::Access::read},
+                  {bd.buffer, gpu::Access::read},
+                  {bdk.buffer, gpu::Access::write},
+                  {bdv.buffer, gpu::Access::write}},
+                 push_kv, (seq + kKeyTile - 1) / kKeyTile, n_kv_heads, nb, "attention_backward_dkdv", 4 * product);
+  }
+  ctx.free(drow);
+}
+
+}  // namespace forja::ops

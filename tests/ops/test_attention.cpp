@@ -1,0 +1,177 @@
+// Causal GQA attention (ops/attention.h) against the double-precision reference
+// (ops/ref/attention_ref.h): forward output and lse, backward dq/dk/dv, on awkward shapes (S not
+// a multiple of the tiles, head_dim 6 to 128, GQA ratios 3 and 2), with plain causal masks and
+// with packed segments that include padding rows. Sentinels after every output catch writes past
+// the end; outputs start as NaN so a row the kernel forgets to write fails.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+
+#include "ops/attention.h"
+#include "ops/ref/attention_ref.h"
+#include "support/gpu_fixture.h"
+
+namespace forja::test {
+namespace {
+
+constexpr float kSentinel = 777.25f;
+constexpr uint32_t kPad = 16;
+
+struct Shape {
+  uint32_t batch, seq, nh, nkv, d;
+  std::string name() const {
+    return "B" + std::to_string(batch) + " S" + std::to_string(seq) + " nh" + std::to_string(nh) + " nkv" +
+           std::to_string(nkv) + " d" + std::to_string(d);
+  }
+};
+
+class AttentionTest : public GpuTest {
+ protected:
+  std::vector<float> random(size_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = u(rng_);
+    return v;
+  }
+  template <typename T>
+  gpu::Buffer upload(const std::vector<T>& v) {
+    gpu::Buffer b = ctx().alloc((v.size() + kPad) * 4);
+    std::vector<float> padded(v.size() + kPad, kSentinel);
+    std::memcpy(padded.data(), v.data(), v.size() * 4);
+    ctx().upload(b, padded);
+    bufs_.push_back(b);
+    return b;
+  }
+  gpu::Buffer output(size_t n) { return upload(std::vector<float>(n, std::nanf(""))); }
+  std::vector<float> result(const gpu::Buffer& b, size_t n) {
+    auto v = ctx().download<float>(b, n + kPad);
+    for (uint32_t i = 0; i < kPad; ++i) EXPECT_EQ(v[n + i], kSentinel) << "write past the end at +" << i;
+    v.resize(n);
+    return v;
+  }
+  // |got - want| <= rtol (1 + |want|); -inf must match exactly.
+  static void expect_close(const char* what, const std::vector<float>& got, const std::vector<double>& want,
+                           double rtol) {
+    ASSERT_EQ(got.size(), want.size());
+    size_t bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      bool ok;
+      if (std::isinf(want[i])) {
+        ok = got[i] == want[i];
+      } else {
+        const double err = std::abs(got[i] - want[i]) / (1.0 + std::abs(want[i]));
+        ok = err <= rtol;  // false for NaN
+        if (ok) worst = std::max(worst, err);
+      }
+      if (!ok && bad++ < 5) ADD_FAILURE() << what << " element " << i << ": " << got[i] << " vs " << want[i];
+    }
+    EXPECT_EQ(bad, 0u) << what;
+    if (std::getenv("FORJA_REF_VERBOSE")) std::fprintf(stderr, "  %s: worst rel err %.3g\n", what, worst);
+  }
+  void TearDown() override {
+    for (auto& b : bufs_) ctx().free(b);
+    GpuTest::TearDown();
+  }
+
+  // Runs forward and backward on the GPU and the reference and compares everything.
+  void check(const Shape& s, const std::vector<int32_t>& seg) {
+    SCOPED_TRACE(s.name());
+    const size_t nq = size_t(s.batch) * s.seq * s.nh * s.d, nkv = size_t(s.batch) * s.seq * s.nkv * s.d;
+    const size_t nstat = size_t(s.batch) * s.seq * s.nh;
+    const float scale = 1.0f / std::sqrt(float(s.d));
+    auto q = random(nq), k = random(nkv), v = random(nkv), dout = random(nq);
+    // Larger q so the softmax is peaked, not nearly uniform (a mask error then shows clearly).
+    for (auto& x : q) x *= 3.0f;
+
+    auto gq = upload(q), gk = upload(k), gv = upload(v), gseg = upload(seg), gdo = upload(dout);
+    auto gout = output(nq), glse = output(nstat), gdq = output(nq), gdk = output(nkv), gdv = output(nkv);
+    ops::attention_forward(ctx(), gq, gk, gv, gseg, gout, glse, s.batch, s.seq, s.nh, s.nkv, s.d, scale);
+    ops::attention_backward(ctx(), gq, gk, gv, gseg, gout, glse, gdo, gdq, gdk, gdv, s.batch, s.seq, s.nh, s.nkv,
+                            s.d, scale);
+
+    std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
+    std::vector<double> dod(dout.begin(), dout.end());
+    std::vector<double> out(nq), lse(nstat), dq(nq), dk(nkv), dv(nkv);
+    ref::attention_forward(out.data(), lse.data(), qd.data(), kd.data(), vd.data(), seg.data(), s.batch, s.seq,
+                           s.nh, s.nkv, s.d);
+    ref::attention_backward(dq.data(), dk.data(), dv.data(), dod.data(), qd.data(), kd.data(), vd.data(),
+                            out.data(), lse.data(), seg.data(), s.batch, s.seq, s.nh, s.nkv, s.d);
+    // The reference's lse is [B, S, nh]; the op's is [B, nh, S].
+    std::vector<double> lse_t(nstat);
+    for (uint32_t b = 0; b < s.batch; ++b)
+      for (uint32_t i = 0; i < s.seq; ++i)
+        for (uint32_t h = 0; h < s.nh; ++h)
+          lse_t[(size_t(b) * s.nh + h) * s.seq + i] = lse[(size_t(b) * s.seq + i) * s.nh + h];
+
+    expect_close("out", result(gout, nq), out, 2e-5);
+    expect_close("lse", result(glse, nstat), lse_t, 2e-5);
+    expect_close("dq", result(gdq, nq), dq, 1e-4);
+    expect_close("dk", result(gdk, nkv), dk, 1e-4);
+    expect_close("dv", result(gdv, nkv), dv, 1e-4);
+  }
+
+  std::mt19937 rng_{7};
+  std::vector<gpu::Buffer> bufs_;
+};
+
+const Shape kShapes[] = {
+    {2, 1, 3, 1, 6}, {2, 7, 4, 2, 16}, {2, 33, 3, 1, 64}, {2, 65, 4, 2, 128}, {1, 65, 3, 1, 6}, {2, 17, 4, 4, 33},
+};
+
+TEST_F(AttentionTest, CausalMatchesReference) {
+  for (const Shape& s : kShapes) check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1));
+}
+
+// Packed sequences: runs of segment ids with padding (0) between and after them, a different
+// pattern per sequence, so queries must ignore earlier documents and padding rows must be 0.
+std::vector<int32_t> packed_segments(const Shape& s, std::mt19937& rng) {
+  std::vector<int32_t> seg(size_t(s.batch) * s.seq);
+  std::uniform_int_distribution<int> run_len(1, std::max<int>(2, s.seq / 3));
+  for (uint32_t b = 0; b < s.batch; ++b) {
+    int32_t id = 1 + int32_t(b) * 10;
+    uint32_t i = 0;
+    bool pad = b % 2 == 1;  // the second sequence starts with padding
+    while (i < s.seq) {
+      const uint32_t n = std::min<uint32_t>(run_len(rng), s.seq - i);
+      for (uint32_t r = 0; r < n; ++r) seg[size_t(b) * s.seq + i + r] = pad ? 0 : id;
+      if (!pad) ++id;
+      pad = !pad && (rng() % 3 == 0);
+      i += n;
+    }
+    if (s.seq > 2) seg[size_t(b) * s.seq + s.seq - 1] = 0;  // trailing padding row
+  }
+  return seg;
+}
+
+TEST_F(AttentionTest, PackedSegmentsWithPaddingMatchReference) {
+  for (const Shape& s : kShapes) check(s, packed_segments(s, rng_));
+}
+
+TEST_F(AttentionTest, AllPaddingGivesZeros) {
+  const Shape s{1, 9, 2, 1, 8};
+  const size_t nq = size_t(s.seq) * s.nh * s.d;
+  auto gq = upload(random(nq)), gk = upload(random(nq / 2)), gv = upload(random(nq / 2));
+  auto gseg = upload(std::vector<int32_t>(s.seq, 0));
+  auto gout = output(nq), glse = output(size_t(s.seq) * s.nh);
+  ops::attention_forward(ctx(), gq, gk, gv, gseg, gout, glse, s.batch, s.seq, s.nh, s.nkv, s.d, 0.35f);
+  for (float x : result(gout, nq)) EXPECT_EQ(x, 0.0f);
+  for (float x : result(glse, size_t(s.seq) * s.nh)) EXPECT_EQ(x, -std::numeric_limits<float>::infinity());
+}
+
+TEST_F(AttentionTest, RejectsBadShapes) {
+  auto b = output(4096);
+  EXPECT_THROW(ops::attention_forward(ctx(), b, b, b, b, b, b, 1, 4, 3, 2, 8, 1.0f), std::invalid_argument);
+  EXPECT_THROW(ops::attention_forward(ctx(), b, b, b, b, b, b, 1, 4, 2, 1, 129, 1.0f), std::invalid_argument);
+  EXPECT_THROW(ops::attention_forward(ctx(), b, b, b, b, b, b, 8, 64, 2, 1, 8, 1.0f), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace forja::test
