@@ -1,0 +1,279 @@
+#include "model/transformer.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "ops/attention.h"
+#include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/gemm.h"
+#include "ops/nf4.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+
+namespace forja::model {
+
+using ops::DType;
+using ops::GemmShape;
+using ops::MatrixView;
+
+uint64_t TokenBatch::target_count() const {
+  uint64_t n = 0;
+  for (int32_t t : targets) n += t != -100;
+  return n;
+}
+
+// What one layer's forward saves for its backward (shapes for T tokens).
+struct Transformer::LayerActs {
+  gpu::Buffer h1, rstd1;           // [T, H], [T]        input norm
+  gpu::Buffer q_raw, k_raw;        // [T, nh*d], [T, nkv*d] projections before the q/k norm (Qwen3)
+  gpu::Buffer rstd_q, rstd_k;      // [T*nh], [T*nkv]
+  gpu::Buffer q, k, v;             // after norm and RoPE (what attention saw)
+  gpu::Buffer att, lse;            // [T, nh*d], [B, nh, S]
+  gpu::Buffer x2, h2, rstd2;       // residual after attention, post-attention norm
+  gpu::Buffer g, u, act;           // [T, I] gate, up, silu(gate) * up
+  std::array<gpu::Buffer, 7> t;    // LoRA x A^T per projection, [T, r]
+};
+
+// Activation gradients, shared by all layers.
+struct Transformer::GradScratch {
+  gpu::Buffer dx;              // [T, H] gradient of the residual stream
+  gpu::Buffer dh;              // [T, H] gradient of a norm's output
+  gpu::Buffer datt;            // [T, nh*d]
+  gpu::Buffer dq, dk, dv;      // after attention's backward
+  gpu::Buffer dq_raw, dk_raw;  // before the q/k norm
+  gpu::Buffer dg, du, dact;    // [T, I]
+  gpu::Buffer dt;              // [T, r]
+};
+
+gpu::Buffer Transformer::alloc(uint64_t bytes, const char* what) {
+  gpu::Buffer b = ctx_.alloc(bytes, what);
+  owned_.push_back(b);
+  activation_bytes_ += b.size;
+  return b;
+}
+
+Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lora, uint32_t max_batch,
+                         uint32_t max_seq, bool grad_checkpointing)
+    : ctx_(ctx), base_(base), lora_(lora), c_(base.config), checkpointing_(grad_checkpointing) {
+  max_tokens_ = max_batch * max_seq;
+  const uint64_t T = max_tokens_, H = c_.hidden_size, I = c_.intermediate_size, nh = c_.num_heads,
+                 nkv = c_.num_kv_heads, d = c_.head_dim, r = lora.settings().rank;
+  ids_ = alloc(T * 4, "input ids");
+  targets_ = alloc(T * 4, "targets");
+  positions_ = alloc(T * 4, "positions");
+  segments_ = alloc(T * 4, "segments");
+  for (int64_t i = 0; i <= c_.num_layers; ++i) x_.push_back(alloc(T * H * 4, "residual stream"));
+  const size_t n_acts = checkpointing_ ? 1 : static_cast<size_t>(c_.num_layers);
+  for (size_t i = 0; i < n_acts; ++i) {
+    auto a = std::make_unique<LayerActs>();
+    a->h1 = alloc(T * H * 4, "h1");
+    a->rstd1 = alloc(T * 4, "rstd1");
+    if (c_.qk_norm) {
+      a->q_raw = alloc(T * nh * d * 4, "q_raw");
+      a->k_raw = alloc(T * nkv * d * 4, "k_raw");
+      a->rstd_q = alloc(T * nh * 4, "rstd_q");
+      a->rstd_k = alloc(T * nkv * 4, "rstd_k");
+    }
+    a->q = alloc(T * nh * d * 4, "q");
+    a->k = alloc(T * nkv * d * 4, "k");
+    a->v = alloc(T * nkv * d * 4, "v");
+    a->att = alloc(T * nh * d * 4, "attention out");
+    a->lse = alloc(T * nh * 4, "attention lse");
+    a->x2 = alloc(T * H * 4, "x2");
+    a->h2 = alloc(T * H * 4, "h2");
+    a->rstd2 = alloc(T * 4, "rstd2");
+    a->g = alloc(T * I * 4, "gate");
+    a->u = alloc(T * I * 4, "up");
+    a->act = alloc(T * I * 4, "swiglu");
+    for (LinearKind k : kAllLinears)
+      if (lora_.find(0, k)) a->t[static_cast<int>(k)] = alloc(T * r * 4, "lora t");
+    acts_.push_back(std::move(a));
+  }
+  grad_ = std::make_unique<GradScratch>();
+  grad_->dx = alloc(T * H * 4, "dx");
+  grad_->dh = alloc(T * H * 4, "dh");
+  grad_->datt = alloc(T * nh * d * 4, "datt");
+  grad_->dq = alloc(T * nh * d * 4, "dq");
+  grad_->dk = alloc(T * nkv * d * 4, "dk");
+  grad_->dv = alloc(T * nkv * d * 4, "dv");
+  if (c_.qk_norm) {
+    grad_->dq_raw = alloc(T * nh * d * 4, "dq_raw");
+    grad_->dk_raw = alloc(T * nkv * d * 4, "dk_raw");
+  }
+  grad_->dg = alloc(T * I * 4, "dgate");
+  grad_->du = alloc(T * I * 4, "dup");
+  grad_->dact = alloc(T * I * 4, "dswiglu");
+  grad_->dt = alloc(T * r * 4, "lora dt");
+  final_h_ = alloc(T * H * 4, "final norm");
+  final_rstd_ = alloc(T * 4, "final rstd");
+}
+
+Transformer::~Transformer() {
+  for (auto& b : owned_) ctx_.free(b);
+}
+
+void Transformer::upload_batch(const TokenBatch& b) {
+  const uint64_t T = uint64_t(b.batch) * b.seq;
+  if (T == 0 || T > max_tokens_) throw std::logic_error("Transformer: batch larger than the planned buffers");
+  if (b.input_ids.size() != T || b.targets.size() != T || b.positions.size() != T || b.segments.size() != T)
+    throw std::logic_error("Transformer: batch arrays do not match batch x seq");
+  batch_ = b.batch;
+  seq_ = b.seq;
+  tokens_ = static_cast<uint32_t>(T);
+  ctx_.upload(ids_, b.input_ids);
+  ctx_.upload(targets_, b.targets);
+  ctx_.upload(positions_, b.positions);
+  ctx_.upload(segments_, b.segments);
+}
+
+void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
+                                 const gpu::Buffer& lora_t, bool accumulate) {
+  const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
+  const uint32_t T = tokens_;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  if (lin.nf4) {
+    ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, T, 1.0f, beta);
+  } else {
+    ops::gemm(ctx_, GemmShape{T, lin.out, lin.in, false, true, 1.0f, beta}, MatrixView{x, DType::f32, 0, lin.in},
+              MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{y, DType::f32, 0, lin.out});
+  }
+  if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
+  if (const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind)) {
+    const uint32_t r = s->rank;
+    // t = x A^T  [T, r];  y += scale * t B^T
+    ops::gemm(ctx_, GemmShape{T, r, s->in, false, true}, MatrixView{x, DType::f32, 0, s->in},
+              MatrixView{lora_.a(*s), DType::f32, 0, s->in}, MatrixView{lora_t, DType::f32, 0, r});
+    ops::gemm(ctx_, GemmShape{T, s->out, r, false, true, lora_.scale(), 1.0f}, MatrixView{lora_t, DType::f32, 0, r},
+              MatrixView{lora_.b(*s), DType::f32, 0, r}, MatrixView{y, DType::f32, 0, s->out});
+  }
+}
+
+void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
+                                  const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx) {
+  const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
+  const uint32_t T = tokens_;
+  const float beta = accumulate_dx ? 1.0f : 0.0f;
+  // dx (=|+=) dy W
+  if (lin.nf4) {
+    ops::nf4_gemm_dyw(ctx_, dy, *lin.nf4, dx, T, 1.0f, beta);
+  } else {
+    ops::gemm(ctx_, GemmShape{T, lin.in, lin.out, false, false, 1.0f, beta}, MatrixView{dy, DType::f32, 0, lin.out},
+              MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{dx, DType::f32, 0, lin.in});
+  }
+  const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind);
+  if (!s) return;
+  const uint32_t r = s->rank;
+  const float scale = lora_.scale();
+  const gpu::Buffer dt = grad_->dt;
+  // dB += scale * dy^T t          [out, r]
+  ops::gemm(ctx_, GemmShape{s->out, r, T, true, false, scale, 1.0f}, MatrixView{dy, DType::f32, 0, s->out},
+            MatrixView{lora_t, DType::f32, 0, r}, MatrixView{lora_.grad_b(*s), DType::f32, 0, r});
+  // dt = scale * dy B             [T, r]
+  ops::gemm(ctx_, GemmShape{T, r, s->out, false, false, scale, 0.0f}, MatrixView{dy, DType::f32, 0, s->out},
+            MatrixView{lora_.b(*s), DType::f32, 0, r}, MatrixView{dt, DType::f32, 0, r});
+  // dA += dt^T x                  [r, in]
+  ops::gemm(ctx_, GemmShape{r, s->in, T, true, false, 1.0f, 1.0f}, MatrixView{dt, DType::f32, 0, r},
+            MatrixView{x, DType::f32, 0, s->in}, MatrixView{lora_.grad_a(*s), DType::f32, 0, s->in});
+  // dx += dt A                    [T, in]
+  ops::gemm(ctx_, GemmShape{T, s->in, r, false, false, 1.0f, 1.0f}, MatrixView{dt, DType::f32, 0, r},
+            MatrixView{lora_.a(*s), DType::f32, 0, s->in}, MatrixView{dx, DType::f32, 0, s->in});
+}
+
+void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer* x_out) {
+  const BaseLayer& L = base_.layers[i];
+  const uint32_t T = tokens_, H = static_cast<uint32_t>(c_.hidden_size), I = static_cast<uint32_t>(c_.intermediate_size);
+  const uint32_t nh = static_cast<uint32_t>(c_.num_heads), nkv = static_cast<uint32_t>(c_.num_kv_heads),
+                 d = static_cast<uint32_t>(c_.head_dim);
+  const float eps = static_cast<float>(c_.rms_norm_eps);
+  auto t = [&](LinearKind k) { return a.t[static_cast<int>(k)]; };
+
+  ops::rmsnorm_forward(ctx_, x_in, L.input_norm, DType::f32, a.h1, a.rstd1, T, H, eps);
+  if (c_.qk_norm) {
+    linear_forward(i, LinearKind::Q, a.h1, a.q_raw, t(LinearKind::Q), false);
+    linear_forward(i, LinearKind::K, a.h1, a.k_raw, t(LinearKind::K), false);
+    ops::rmsnorm_forward(ctx_, a.q_raw, L.q_norm, DType::f32, a.q, a.rstd_q, T * nh, d, eps);
+    ops::rmsnorm_forward(ctx_, a.k_raw, L.k_norm, DType::f32, a.k, a.rstd_k, T * nkv, d, eps);
+  } else {
+    linear_forward(i, LinearKind::Q, a.h1, a.q, t(LinearKind::Q), false);
+    linear_forward(i, LinearKind::K, a.h1, a.k, t(LinearKind::K), false);
+  }
+  linear_forward(i, LinearKind::V, a.h1, a.v, t(LinearKind::V), false);
+  ops::rope_forward(ctx_, a.q, positions_, base_.inv_freq, T, nh, d);
+  ops::rope_forward(ctx_, a.k, positions_, base_.inv_freq, T, nkv, d);
+  ops::attention_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d,
+                         static_cast<float>(1.0 / std::sqrt(double(d))));
+  ctx_.copy(x_in.slice(0, uint64_t(T) * H * 4), a.x2.slice(0, uint64_t(T) * H * 4));
+  linear_forward(i, LinearKind::O, a.att, a.x2, t(LinearKind::O), true);  // x2 = x + o_proj(att)
+
+  ops::rmsnorm_forward(ctx_, a.x2, L.post_norm, DType::f32, a.h2, a.rstd2, T, H, eps);
+  linear_forward(i, LinearKind::Gate, a.h2, a.g, t(LinearKind::Gate), false);
+  linear_forward(i, LinearKind::Up, a.h2, a.u, t(LinearKind::Up), false);
+  ops::swiglu_forward(ctx_, a.g, a.u, a.act, uint64_t(T) * I);
+  if (x_out) {
+    ctx_.copy(a.x2.slice(0, uint64_t(T) * H * 4), x_out->slice(0, uint64_t(T) * H * 4));
+    linear_forward(i, LinearKind::Down, a.act, *x_out, t(LinearKind::Down), true);  // x3 = x2 + mlp
+  } else if (const LoraSlot* s = lora_.find(static_cast<int64_t>(i), LinearKind::Down)) {
+    // Recomputation for the backward: only the down projection's LoRA input t is still needed.
+    ops::gemm(ctx_, GemmShape{T, s->rank, s->in, false, true}, MatrixView{a.act, DType::f32, 0, s->in},
+              MatrixView{lora_.a(*s), DType::f32, 0, s->in}, MatrixView{t(LinearKind::Down), DType::f32, 0, s->rank});
+  }
+}
+
+void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer& dx) {
+  const BaseLayer& L = base_.layers[i];
+  const uint32_t T = tokens_, H = static_cast<uint32_t>(c_.hidden_size), I = static_cast<uint32_t>(c_.intermediate_size);
+  const uint32_t nh = static_cast<uint32_t>(c_.num_heads), nkv = static_cast<uint32_t>(c_.num_kv_heads),
+                 d = static_cast<uint32_t>(c_.head_dim);
+  GradScratch& g = *grad_;
+  auto t = [&](LinearKind k) { return a.t[static_cast<int>(k)]; };
+
+  // MLP: dx is the gradient of x3 = x2 + down(act)
+  linear_backward(i, LinearKind::Down, a.act, t(LinearKind::Down), dx, g.dact, false);
+  ops::swiglu_backward(ctx_, a.g, a.u, g.dact, g.dg, g.du, uint64_t(T) * I);
+  linear_backward(i, LinearKind::Gate, a.h2, t(LinearKind::Gate), g.dg, g.dh, false);
+  linear_backward(i, LinearKind::Up, a.h2, t(LinearKind::Up), g.du, g.dh, true);
+  ops::rmsnorm_backward(ctx_, g.dh, a.x2, L.post_norm, DType::f32, a.rstd2, dx, T, H, true);  // dx: grad of x2
+
+  // Attention: x2 = x + o_proj(att)
+  linear_backward(i, LinearKind::O, a.att, t(LinearKind::O), dx, g.datt, false);
+  ops::attention_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_, nh,
+                          nkv, d, static_cast<float>(1.0 / std::sqrt(double(d))));
+  ops::rope_backward(ctx_, g.dq, positions_, base_.inv_freq, T, nh, d);
+  ops::rope_backward(ctx_, g.dk, positions_, base_.inv_freq, T, nkv, d);
+  gpu::Buffer dq = g.dq, dk = g.dk;
+  if (c_.qk_norm) {
+    ops::rmsnorm_backward(ctx_, g.dq, a.q_raw, L.q_norm, DType::f32, a.rstd_q, g.dq_raw, T * nh, d, false);
+    ops::rmsnorm_backward(ctx_, g.dk, a.k_raw, L.k_norm, DType::f32, a.rstd_k, g.dk_raw, T * nkv, d, false);
+    dq = g.dq_raw;
+    dk = g.dk_raw;
+  }
+  linear_backward(i, LinearKind::Q, a.h1, t(LinearKind::Q), dq, g.dh, false);
+  linear_backward(i, LinearKind::K, a.h1, t(LinearKind::K), dk, g.dh, true);
+  linear_backward(i, LinearKind::V, a.h1, t(LinearKind::V), g.dv, g.dh, true);
+  ops::rmsnorm_backward(ctx_, g.dh, x_in, L.input_norm, DType::f32, a.rstd1, dx, T, H, true);  // dx: grad of x
+}
+
+void Transformer::run(const TokenBatch& batch, float inv_n, const gpu::Buffer& loss_sum, bool backward) {
+  upload_batch(batch);
+  const uint32_t T = tokens_, H = static_cast<uint32_t>(c_.hidden_size), V = static_cast<uint32_t>(c_.vocab_size);
+  const size_t L = static_cast<size_t>(c_.num_layers);
+  ops::embedding_forward(ctx_, base_.embedding, base_.embed_dtype, ids_, x_[0], T, H, V);
+  for (size_t i = 0; i < L; ++i) layer_forward(i, x_[i], *acts_[checkpointing_ ? 0 : i], &x_[i + 1]);
+  ops::rmsnorm_forward(ctx_, x_[L], base_.final_norm, DType::f32, final_h_, final_rstd_, T, H,
+                       static_cast<float>(c_.rms_norm_eps));
+  ops::CrossEntropyOptions ce;
+  ce.need_grad = backward;
+  ops::lm_head_cross_entropy(ctx_, final_h_, base_.lm_head, base_.embed_dtype, targets_, T, H, V, inv_n, loss_sum,
+                             grad_->dh, ce);
+  if (!backward) return;
+  ops::rmsnorm_backward(ctx_, grad_->dh, x_[L], base_.final_norm, DType::f32, final_rstd_, grad_->dx, T, H, false);
+  for (size_t i = L; i-- > 0;) {
+    LayerActs& a = *acts_[checkpointing_ ? 0 : i];
+    if (checkpointing_) layer_forward(i, x_[i], a, nullptr);  // recompute what the backward needs
+    layer_backward(i, x_[i], a, grad_->dx);
+  }
+}
+
+}  // namespace forja::model

@@ -1,0 +1,81 @@
+// The decoder's forward and backward pass on the GPU, written out by hand (llm.c style): the
+// frozen base (model/base_weights.h) with LoRA adapters (model/lora.h), for Qwen3, Qwen2, Llama
+// and Mistral (formats.md 1.3-1.7). Activations are fp32.
+//
+// Per layer:  h1 = rmsnorm(x); q,k,v = proj(h1) (+bias); Qwen3: per-head rmsnorm on q, k;
+//             rope(q, k); a = attention(q, k, v); x2 = x + o_proj(a);
+//             h2 = rmsnorm(x2); m = down(silu(gate(h2)) * up(h2)); x3 = x2 + m
+// then the final norm and the LM head fused with the cross-entropy (no [T, V] logits).
+//
+// Backward: gradients flow to LoRA A and B only (base frozen); parameter gradients accumulate
+// (+=) across micro-batches, activation gradients are written (=). With activation
+// checkpointing each layer keeps only its input; its forward is recomputed inside the backward.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gpu/context.h"
+#include "model/base_weights.h"
+#include "model/lora.h"
+
+namespace forja::model {
+
+// One micro-batch, host side: B sequences of S tokens, row-major [B, S].
+struct TokenBatch {
+  uint32_t batch = 0, seq = 0;
+  std::vector<int32_t> input_ids;
+  std::vector<int32_t> targets;    // the token each position predicts (shifted labels), -100 = none
+  std::vector<int32_t> positions;  // RoPE positions (restart at 0 for each packed document)
+  std::vector<int32_t> segments;   // packed document id, 0 = padding (attends to nothing)
+  uint64_t target_count() const;
+};
+
+class Transformer {
+ public:
+  // Buffers for batches of up to max_batch x max_seq tokens are allocated once.
+  Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lora, uint32_t max_batch, uint32_t max_seq,
+              bool grad_checkpointing);
+  ~Transformer();
+  Transformer(const Transformer&) = delete;
+  Transformer& operator=(const Transformer&) = delete;
+
+  // Forward (and backward when `backward`): adds the summed loss of the batch's targets to
+  // loss_sum[0] (fp32 on the GPU) and, with backward, accumulates LoRA gradients of
+  // sum(loss) * inv_n. inv_n = 1 / targets in the whole optimizer step.
+  void run(const TokenBatch& batch, float inv_n, const gpu::Buffer& loss_sum, bool backward);
+
+  uint64_t activation_bytes() const { return activation_bytes_; }
+
+ private:
+  struct LayerActs;
+  struct GradScratch;
+  void upload_batch(const TokenBatch& b);
+  void layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer* x_out);
+  void layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer& dx);
+  // y (=|+=) x W^T (+ b) + scale * (x A^T) B^T; saves x A^T in lora_t.
+  void linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
+                      const gpu::Buffer& lora_t, bool accumulate);
+  void linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
+                       const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx);
+
+  gpu::Context& ctx_;
+  const BaseWeights& base_;
+  LoraSet& lora_;
+  ModelConfig c_;
+  uint32_t max_tokens_ = 0, tokens_ = 0, batch_ = 0, seq_ = 0;
+  bool checkpointing_ = false;
+  uint64_t activation_bytes_ = 0;
+  // batch inputs on the GPU (int32 [tokens])
+  gpu::Buffer ids_, targets_, positions_, segments_;
+  // residual stream: x_[i] is the input of layer i, x_[L] the last layer's output
+  std::vector<gpu::Buffer> x_;
+  std::vector<std::unique_ptr<LayerActs>> acts_;  // one per layer, or one shared when checkpointing
+  std::unique_ptr<GradScratch> grad_;
+  gpu::Buffer final_h_, final_rstd_;
+  std::vector<gpu::Buffer> owned_;
+  gpu::Buffer alloc(uint64_t bytes, const char* what);
+};
+
+}  // namespace forja::model

@@ -1,0 +1,46 @@
+// One optimizer step over the LoRA parameters, entirely on the GPU: the global gradient norm
+// (formats.md 6.3), clipping folded into AdamW (6.2), the schedule's learning rate (6.4).
+// AdamW's moments are fp32 buffers with the parameters' layout.
+#pragma once
+#include <cstdint>
+
+#include "gpu/context.h"
+#include "model/lora.h"
+#include "train/schedule.h"
+
+namespace forja::train {
+
+struct OptimizerSettings {
+  double lr = 2e-4;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.0;
+  double max_grad_norm = 0.3;  // <= 0: no clipping
+  Schedule schedule = Schedule::constant;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+};
+
+class AdamW {
+ public:
+  AdamW(gpu::Context& ctx, model::LoraSet& lora, const OptimizerSettings& settings);
+  ~AdamW();
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
+
+  // Clips and applies the accumulated gradients as optimizer step `step` (0-based). The
+  // unclipped global norm lands in grad_norm()[0] on the GPU.
+  void step(int64_t step);
+  double lr_at(int64_t step) const;
+  gpu::Buffer grad_norm() const { return norm_; }
+  gpu::Buffer m() const { return m_; }
+  gpu::Buffer v() const { return v_; }
+  const OptimizerSettings& settings() const { return settings_; }
+
+ private:
+  gpu::Context& ctx_;
+  model::LoraSet& lora_;
+  OptimizerSettings settings_;
+  gpu::Buffer m_, v_, norm_;
+};
+
+}  // namespace forja::train
