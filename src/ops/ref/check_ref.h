@@ -5,6 +5,7 @@
 // instead of reading out of bounds.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
