@@ -1,0 +1,38 @@
+#version 450
+// NF4 dequantisation of a whole weight to fp32 (tests, merges): out[e - first] = W[e] for the
+// elements e in [first, first + count) of this dispatch (ops/nf4.cpp splits outputs larger than
+// the binding limit; `first` is a multiple of 8).
+//
+// One invocation per packed word: 8 consecutive elements in one block of 64, decoded with one
+// absmax lookup. The 2D grid (x * 65535 groups) reaches tensors beyond 65535 * 2048 elements.
+#extension GL_EXT_control_flow_attributes : require
+
+layout(local_size_x = 256) in;
+layout(constant_id = 0) const uint NF4_DQ = 0;
+
+layout(push_constant) uniform Nf4Push {
+  uint first;   // first element of this dispatch (multiple of 8)
+  uint count;   // elements to write
+  uint groups_x;
+  float absmax_offset;
+} pc;
+float nf4_offset() { return pc.absmax_offset; }
+
+#define NF4_PACKED_BINDING 0
+#define NF4_ABSMAX_BINDING 1
+#define NF4_NESTED_BINDING 2
+#define NF4_CODE8_BINDING 3
+#include "nf4_common.glsl"
+
+layout(set = 0, binding = 4) writeonly buffer Out { float dst[]; };
+
+void main() {
+  const uint t = gl_WorkGroupID.y * pc.groups_x * 256u + gl_WorkGroupID.x * 256u + gl_LocalInvocationIndex;
+  const uint local = t * 8u;  // element offset inside this dispatch
+  if (local >= pc.count) return;
+  const uint e0 = pc.first + local;
+  float v[8];
+  nf4_decode_word(e0 >> 3, nf4_block_absmax(e0 >> 6), v);
+  [[unroll]] for (uint i = 0; i < 8u; ++i)
+    if (local + i < pc.count) dst[local + i] = v[i];
+}

@@ -1,0 +1,217 @@
+#include "ops/nf4.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace forja::ops {
+
+namespace {
+
+// Must match Nf4Push in kernels/nf4.comp.
+struct DequantPush {
+  uint32_t first, count, groups_x;
+  float absmax_offset;
+};
+
+// Must match Nf4GemmPush in kernels/nf4_gemm.comp and nf4_gemm_coopmat.comp.
+struct Nf4GemmPush {
+  uint32_t m, n, k;
+  uint32_t lda, ldc;
+  uint32_t a_offset, c_offset;
+  float alpha, beta;
+  float absmax_offset;
+};
+
+uint64_t offset_alignment(const gpu::Context& ctx) {
+  return std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
+}
+
+// Uploads `bytes` bytes padded with zeros to a multiple of 4 (the kernels read uint words).
+gpu::Buffer upload_bytes(gpu::Context& ctx, const void* data, uint64_t bytes, const std::string& what) {
+  const uint64_t padded = (bytes + 3) / 4 * 4;
+  gpu::Buffer b = ctx.alloc(std::max<uint64_t>(padded, 16), what);
+  std::vector<uint8_t> host(padded, 0);
+  std::copy_n(static_cast<const uint8_t*>(data), bytes, host.begin());
+  ctx.upload(b, host.data(), padded);
+  return b;
+}
+
+void check_binding(const gpu::Context& ctx, uint64_t bytes, const std::string& what) {
+  const uint64_t range = ctx.info().max_storage_buffer_range;
+  if (bytes > range)
+    throw std::logic_error("nf4: " + what + " of " + std::to_string(bytes) +
+                           " bytes exceeds the device's binding limit (maxStorageBufferRange) of " +
+                           std::to_string(range) + " bytes; split the weight by rows before quantising");
+}
+
+void check_weight(const Nf4Weight& w, const char* op) {
+  if (!w.packed.valid() || !w.absmax.valid() || w.rows == 0 || w.cols == 0)
+    throw std::logic_error(std::string(op) + ": the NF4 weight is not uploaded");
+  if (w.double_quant && (!w.nested_absmax.valid() || !w.code8.valid()))
+    throw std::logic_error(std::string(op) + ": double-quantised weight without nested absmax or code table");
+}
+
+// Bindings 0..3 of the NF4 kernels (nf4_common.glsl). Without double quantisation the nested
+// absmax and code table are unused; the absmax buffer stands in for them.
+std::vector<gpu::Binding> weight_bindings(const Nf4Weight& w) {
+  const gpu::Buffer& nested = w.double_quant ? w.nested_absmax : w.absmax;
+  const gpu::Buffer& code8 = w.double_quant ? w.code8 : w.absmax;
+  return {{w.packed, gpu::Access::read},
+          {w.absmax, gpu::Access::read},
+          {nested, gpu::Access::read},
+          {code8, gpu::Access::read}};
+}
+
+// A binding covering bytes [first, first + bytes) of `b`, starting at an offset the device
+// accepts; `elem_offset` receives the fp32 elements between the binding's start and `first`.
+gpu::Buffer bind_range(const gpu::Context& ctx, const gpu::Buffer& b, uint64_t first, uint64_t bytes,
+                       uint32_t& elem_offset) {
+  const uint64_t align = offset_alignment(ctx);
+  const uint64_t begin = first / align * align;
+  elem_offset = static_cast<uint32_t>((first - begin) / 4);
+  return b.slice(begin, first + bytes - begin);
+}
+
+bool coopmat_available(const gpu::Context& ctx) {
+  return ctx.info().nv_coopmat_f16_f32_16x16x16 && gpu::PipelineCache::available("nf4_gemm_nvcm") &&
+         !gpu::env_flag("FORJA_NO_COOPMAT");
+}
+
+// C [M, N] = alpha * A [M, K] · op(W) + beta * C with op(W) = W^T (trans_w, W [N, K]) or W
+// (W [K, N]). Splits M so that no binding of A or C exceeds the device's limit.
+void fused_gemm(gpu::Context& ctx, const gpu::Buffer& a, const Nf4Weight& w, const gpu::Buffer& c, uint32_t m,
+                uint32_t n, uint32_t k, bool trans_w, float alpha, float beta, GemmKernel kernel, const char* op) {
+  check_weight(w, op);
+  if (uint64_t(m) * k * 4 > a.size || uint64_t(m) * n * 4 > c.size)
+    throw std::logic_error(std::string(op) + ": input or output buffer too small for " + std::to_string(m) +
+                           " rows of the " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " weight");
+  if (m == 0) return;
+  if (kernel == GemmKernel::automatic) kernel = nf4_gemm_kernel_for(ctx);
+  if (kernel == GemmKernel::coopmat && !coopmat_available(ctx))
+    throw std::logic_error(std::string(op) + ": the cooperative-matrix kernel is not available on this device");
+
+  const uint64_t align = offset_alignment(ctx);
+  const uint64_t range = ctx.info().max_storage_buffer_range;
+  const uint64_t row_bytes = uint64_t(std::max(n, k)) * 4;
+  if (row_bytes + align > range) throw std::logic_error(std::string(op) + ": one row exceeds the binding limit");
+  const uint64_t max_rows = std::min<uint64_t>((range - align) / row_bytes, 65535ull * 64);
+
+  // Bindings: 0 A, 1..4 the weight, 5 C.
+  std::vector<gpu::Binding> bindings = weight_bindings(w);
+  bindings.insert(bindings.begin(), gpu::Binding{});
+  bindings.emplace_back();
+  for (uint64_t m0 = 0; m0 < m; m0 += max_rows) {
+    const uint32_t mp = static_cast<uint32_t>(std::min<uint64_t>(max_rows, m - m0));
+    Nf4GemmPush push{mp, n, k, k, n, 0, 0, alpha, beta, w.double_quant ? w.absmax_offset : 0.0f};
+    bindings[0] = {bind_range(ctx, a, m0 * k * 4, uint64_t(mp) * k * 4, push.a_offset), gpu::Access::read};
+    bindings[5] = {bind_range(ctx, c, m0 * n * 4, uint64_t(mp) * n * 4, push.c_offset),
+                   beta != 0.0f ? gpu::Access::read_write : gpu::Access::write};
+    const double flops = 2.0 * mp * n * k;
+    const std::vector<uint32_t> spec = {trans_w ? 1u : 0u, w.double_quant ? 1u : 0u};
+    if (kernel == GemmKernel::scalar) {
+      const bool small = ctx.info().is_cpu() || mp < 128 || n < 128;
+      const uint32_t tile = small ? 64 : 128;
+      const auto& p = ctx.pipelines().get(small ? "nf4_gemm_t64" : "nf4_gemm_t128", 6, sizeof(Nf4GemmPush), spec);
+      ctx.dispatch(p, bindings, push, (n + tile - 1) / tile, (mp + tile - 1) / tile, 1, op, flops);
+    } else {
+      // Workgroup tile BM = BN = 128 where that still gives the device enough workgroups, else
+      // 64 (and always 64 when emulated); BK = 32, 2 x 2 subgroups. Shared memory at 128:
+      // 2 stages x (128 + 128) rows x 5 chunks x 16 B + 4 KiB epilogue = 45 KiB.
+      const bool emulated = kernel == GemmKernel::coopmat_emulated;
+      const char* name = emulated ? "nf4_gemm_nvcm_emu" : "nf4_gemm_nvcm";
+      const uint64_t groups128 = uint64_t((n + 127) / 128) * ((mp + 127) / 128);
+      const uint32_t tile = !emulated && groups128 >= 120 && ctx.info().max_shared_memory >= 48 * 1024 ? 128 : 64;
+      const uint32_t vec_a = k % 8 == 0 && push.a_offset % 4 == 0, vec_b = w.cols % 8 == 0;
+      const auto& p = ctx.pipelines().get(
+          name, 6, sizeof(Nf4GemmPush), {128, tile, tile, 32, 2, 2, spec[0], spec[1], vec_a, vec_b});
+      ctx.dispatch(p, bindings, push, (n + tile - 1) / tile, (mp + tile - 1) / tile, 1, op, flops);
+    }
+  }
+}
+
+}  // namespace
+
+Nf4Weight upload_nf4(gpu::Context& ctx, const model::Nf4Tensor& t) {
+  Nf4Weight w;
+  if (t.shape.size() == 2) {
+    if (t.shape[0] <= 0 || t.shape[1] <= 0) throw std::logic_error("upload_nf4: empty weight");
+    w.rows = static_cast<uint32_t>(t.shape[0]);
+    w.cols = static_cast<uint32_t>(t.shape[1]);
+  } else if (t.shape.size() == 1 && t.shape[0] > 0) {
+    w.rows = 1;
+    w.cols = static_cast<uint32_t>(t.shape[0]);
+  } else {
+    throw std::logic_error("upload_nf4: expected a 2-D [rows, cols] (or non-empty 1-D) tensor");
+  }
+  if (int64_t(w.rows) * w.cols != t.numel || t.numel >= (int64_t(1) << 31))
+    throw std::logic_error("upload_nf4: numel " + std::to_string(t.numel) +
+                           " does not match the shape or is 2^31 or more");
+  const uint64_t blocks = static_cast<uint64_t>(t.num_blocks());
+  if (t.packed.size() != static_cast<size_t>((t.numel + 1) / 2))
+    throw std::logic_error("upload_nf4: packed size does not match numel");
+  check_binding(ctx, t.packed.size(), "packed weight");
+  w.double_quant = t.double_quant;
+  w.packed = upload_bytes(ctx, t.packed.data(), t.packed.size(), "nf4 packed");
+  if (!t.double_quant) {
+    if (t.absmax.size() != blocks) throw std::logic_error("upload_nf4: absmax size does not match the blocks");
+    check_binding(ctx, blocks * 4, "absmax");
+    w.absmax = upload_bytes(ctx, t.absmax.data(), blocks * 4, "nf4 absmax");
+    return w;
+  }
+  const uint64_t nested = (blocks + model::kNf4NestedBlockSize - 1) / model::kNf4NestedBlockSize;
+  if (t.absmax_q.size() != blocks || t.nested_absmax.size() != nested)
+    throw std::logic_error("upload_nf4: absmax codes or nested absmax do not match the blocks");
+  w.absmax = upload_bytes(ctx, t.absmax_q.data(), blocks, "nf4 absmax codes");
+  w.nested_absmax = upload_bytes(ctx, t.nested_absmax.data(), nested * 4, "nf4 nested absmax");
+  const auto& code8 = model::dynamic_map_signed();
+  w.code8 = upload_bytes(ctx, code8.data(), code8.size() * 4, "nf4 code8");
+  w.absmax_offset = t.absmax_offset;
+  return w;
+}
+
+void free_nf4(gpu::Context& ctx, Nf4Weight& w) {
+  for (gpu::Buffer* b : {&w.packed, &w.absmax, &w.nested_absmax, &w.code8})
+    if (b->valid()) ctx.free(*b);
+  w = Nf4Weight{};
+}
+
+void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out) {
+  check_weight(w, "nf4_dequantize");
+  const uint64_t n = uint64_t(w.rows) * w.cols;
+  if (out.size < n * 4) throw std::logic_error("nf4_dequantize: output buffer smaller than rows x cols fp32");
+  // Elements per dispatch: within the binding limit, a multiple of 8 (one packed word per
+  // invocation) and of the offset alignment.
+  const uint64_t step = std::max<uint64_t>(8, offset_alignment(ctx) / 4);
+  const uint64_t chunk = ctx.info().max_storage_buffer_range / 4 / step * step;
+  std::vector<gpu::Binding> bindings = weight_bindings(w);
+  bindings.resize(5);
+  const auto& p = ctx.pipelines().get("nf4", 5, sizeof(DequantPush), {w.double_quant ? 1u : 0u});
+  for (uint64_t first = 0; first < n; first += chunk) {
+    const uint64_t count = std::min(chunk, n - first);
+    bindings[4] = {out.slice(first * 4, count * 4), gpu::Access::write};
+    const uint64_t groups = (count + 8 * 256 - 1) / (8 * 256);
+    const uint32_t gx = static_cast<uint32_t>(std::min<uint64_t>(groups, 65535));
+    const uint32_t gy = static_cast<uint32_t>((groups + gx - 1) / gx);
+    DequantPush push{static_cast<uint32_t>(first), static_cast<uint32_t>(count), gx,
+                     w.double_quant ? w.absmax_offset : 0.0f};
+    ctx.dispatch(p, bindings, push, gx, gy, 1, "nf4_dequantize");
+  }
+}
+
+GemmKernel nf4_gemm_kernel_for(const gpu::Context& ctx) {
+  return coopmat_available(ctx) ? GemmKernel::coopmat : GemmKernel::scalar;
+}
+
+void nf4_gemm_xwt(gpu::Context& ctx, const gpu::Buffer& x, const Nf4Weight& w, const gpu::Buffer& y, uint32_t m,
+                  float alpha, float beta, GemmKernel kernel) {
+  fused_gemm(ctx, x, w, y, m, w.rows, w.cols, true, alpha, beta, kernel, "nf4_gemm_xwt");
+}
+
+void nf4_gemm_dyw(gpu::Context& ctx, const gpu::Buffer& dy, const Nf4Weight& w, const gpu::Buffer& dx, uint32_t m,
+                  float alpha, float beta, GemmKernel kernel) {
+  fused_gemm(ctx, dy, w, dx, m, w.cols, w.rows, false, alpha, beta, kernel, "nf4_gemm_dyw");
+}
+
+}  // namespace forja::ops

@@ -1,0 +1,54 @@
+// NF4 on the GPU: the frozen base weights of QLoRA, uploaded packed (model/nf4.h gives the
+// layout), and the fused products that dequantise tiles of W while loading them, so that no
+// dequantised copy of a whole weight exists anywhere (kernels/nf4.comp, nf4_gemm*.comp).
+//
+// For a projection weight W [rows = out_features, cols = in_features]:
+//   forward         y  [M, rows] = alpha * x  [M, cols] · W^T + beta * y    nf4_gemm_xwt
+//   input gradient  dx [M, cols] = alpha * dy [M, rows] · W   + beta * dx   nf4_gemm_dyw
+// x, y, dy, dx are fp32, row-major, leading dimension = row length, starting at the start of
+// their buffer views. beta == 0 never reads the output (it may hold NaN).
+//
+// Kernels: the scalar tiled kernel (fp32 W and fp32 arithmetic) everywhere; on a device with
+// GL_NV_cooperative_matrix 16x16x16 f16 -> f32, the cooperative-matrix kernel, which rounds x
+// (dy) and the decoded W to fp16 on load and accumulates in fp32 (as bitsandbytes' 16-bit
+// compute dtype does). FORJA_NO_COOPMAT=1 keeps the scalar kernel.
+#pragma once
+#include <cstdint>
+
+#include "gpu/context.h"
+#include "model/nf4.h"
+#include "ops/gemm.h"
+
+namespace forja::ops {
+
+// A quantised weight on the GPU, uploaded from model::Nf4Tensor (rows = out, cols = in).
+struct Nf4Weight {
+  gpu::Buffer packed;         // uint8 [(rows*cols+1)/2], even element in the high nibble
+  gpu::Buffer absmax;         // fp32 [blocks] without double quantisation, uint8 codes [blocks] with it
+  gpu::Buffer nested_absmax;  // fp32 [ceil(blocks/256)] (double quant only)
+  gpu::Buffer code8;          // fp32 [256] dynamic map (double quant only)
+  float absmax_offset = 0;
+  bool double_quant = false;
+  uint32_t rows = 0, cols = 0;
+};
+
+// t.shape = {rows, cols} (a 1-D tensor is one row). Throws std::logic_error when the packed
+// weight would exceed the device's binding limit (maxStorageBufferRange) or 2^31 elements.
+Nf4Weight upload_nf4(gpu::Context& ctx, const model::Nf4Tensor& t);
+void free_nf4(gpu::Context& ctx, Nf4Weight& w);
+
+// out fp32 [rows, cols] = dequant(W), bit-identical to model::nf4_dequantize (tests, merges).
+// Outputs beyond the binding limit are written in several dispatches.
+void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out);
+
+// The kernel `automatic` resolves to on this device (scalar or coopmat).
+GemmKernel nf4_gemm_kernel_for(const gpu::Context& ctx);
+
+// y [M, rows] = alpha * x [M, cols] · dequant(W)^T + beta * y      (forward: y = x W^T)
+void nf4_gemm_xwt(gpu::Context& ctx, const gpu::Buffer& x, const Nf4Weight& w, const gpu::Buffer& y, uint32_t m,
+                  float alpha = 1.0f, float beta = 0.0f, GemmKernel kernel = GemmKernel::automatic);
+// dx [M, cols] = alpha * dy [M, rows] · dequant(W) + beta * dx    (input gradient: dx = dy W)
+void nf4_gemm_dyw(gpu::Context& ctx, const gpu::Buffer& dy, const Nf4Weight& w, const gpu::Buffer& dx, uint32_t m,
+                  float alpha = 1.0f, float beta = 0.0f, GemmKernel kernel = GemmKernel::automatic);
+
+}  // namespace forja::ops

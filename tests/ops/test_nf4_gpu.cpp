@@ -1,0 +1,251 @@
+// NF4 on the GPU (ops/nf4.h): dequantisation bit-identical to the CPU (model::nf4_dequantize)
+// with and without double quantisation, and the fused products y = x W^T and dx = dy W against
+// a double-precision product with the CPU-dequantised weight, on shapes that are not tile
+// multiples (odd numel included), with sentinels around the outputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "io/float16.h"
+#include "model/nf4.h"
+#include "ops/nf4.h"
+#include "support/gpu_fixture.h"
+
+namespace forja::test {
+namespace {
+
+using ops::GemmKernel;
+
+constexpr float kSentinel = -12345.0f;
+constexpr uint64_t kPad = 256;  // sentinel floats before and after every output (1 KiB: aligned)
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Weight values of varied scale per row (so absmax varies from block to block), with one row of
+// zeros (an all-zero block) when there are enough rows.
+std::vector<float> random_weight(uint32_t rows, uint32_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(size_t(rows) * cols);
+  for (uint32_t r = 0; r < rows; ++r)
+    for (uint32_t c = 0; c < cols; ++c)
+      w[size_t(r) * cols + c] = rows > 4 && r == 3 ? 0.0f : normal(rng) * (0.02f + 0.1f * float(r % 7));
+  return w;
+}
+
+// Values in {-1, 0, 1} with at least one +-1 in every block of 64: every absmax is exactly 1 and
+// the dequantised weight equals the values (no double quantisation).
+std::vector<float> ternary_weight(uint32_t rows, uint32_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> pick(-1, 1);
+  std::vector<float> w(size_t(rows) * cols);
+  for (size_t e = 0; e < w.size(); ++e) w[e] = e % 64 == 0 ? 1.0f : float(pick(rng));
+  return w;
+}
+
+class Nf4GpuTest : public GpuTest {
+ protected:
+  // An fp32 buffer holding `count` values after kPad sentinels, kPad sentinels after them; returns
+  // the whole buffer and (through `view`) the inner range.
+  gpu::Buffer padded(const std::vector<float>& values, gpu::Buffer& view) {
+    std::vector<float> host(values.size() + 2 * kPad, kSentinel);
+    std::copy(values.begin(), values.end(), host.begin() + kPad);
+    gpu::Buffer b = ctx().alloc(host.size() * 4);
+    ctx().upload(b, host);
+    view = b.slice(kPad * 4, values.size() * 4);
+    return b;
+  }
+  // Downloads a padded buffer, checks the sentinels and returns the inner values.
+  std::vector<float> unpad(const gpu::Buffer& b, size_t count) {
+    std::vector<float> host = ctx().download<float>(b, count + 2 * kPad);
+    size_t bad = 0;
+    for (size_t i = 0; i < host.size(); ++i) {
+      if (i >= kPad && i < kPad + count) continue;
+      if (host[i] != kSentinel && bad++ < 5) ADD_FAILURE() << "write outside the output at " << i;
+    }
+    return std::vector<float>(host.begin() + kPad, host.begin() + kPad + count);
+  }
+
+  void check_dequantize(uint32_t rows, uint32_t cols, bool double_quant, uint32_t seed = 1) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + (double_quant ? " double quant" : ""));
+    const std::vector<float> w = random_weight(rows, cols, seed);
+    const model::Nf4Tensor t = model::nf4_quantize(w, {rows, cols}, {double_quant, 0});
+    const std::vector<float> want = model::nf4_dequantize(t);
+    ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
+    EXPECT_EQ(gw.rows, rows);
+    EXPECT_EQ(gw.cols, cols);
+    gpu::Buffer out_view;
+    gpu::Buffer out = padded(std::vector<float>(want.size(), kSentinel), out_view);
+    ops::nf4_dequantize(ctx(), gw, out_view);
+    const std::vector<float> got = unpad(out, want.size());
+    ops::free_nf4(ctx(), gw);
+    ctx().free(out);
+    size_t bad = 0;
+    for (size_t e = 0; e < want.size(); ++e)
+      if (bits(got[e]) != bits(want[e]) && bad++ < 5)
+        ADD_FAILURE() << "element " << e << ": " << got[e] << ", want " << want[e];
+    EXPECT_EQ(bad, 0u);
+  }
+
+  // forward: y [m, rows] = alpha x [m, cols] W^T + beta y; else dx [m, cols] = alpha dy [m, rows] W + beta dx.
+  void check_gemm(bool forward, uint32_t m, uint32_t rows, uint32_t cols, bool double_quant, float alpha, float beta,
+                  GemmKernel kernel, bool exact_values, uint32_t seed = 1) {
+    SCOPED_TRACE(std::string(forward ? "x W^T" : "dy W") + " m " + std::to_string(m) + " W " + std::to_string(rows) +
+                 "x" + std::to_string(cols) + (double_quant ? " dq" : "") + " alpha " + std::to_string(alpha) +
+                 " beta " + std::to_string(beta) + " " + ops::gemm_kernel_name(kernel) +
+                 (exact_values ? " exact" : ""));
+    const bool half = kernel == GemmKernel::coopmat || kernel == GemmKernel::coopmat_emulated;
+    const std::vector<float> w = exact_values ? ternary_weight(rows, cols, seed) : random_weight(rows, cols, seed);
+    const model::Nf4Tensor t = model::nf4_quantize(w, {rows, cols}, {double_quant, 0});
+    std::vector<float> wd = model::nf4_dequantize(t);
+    if (exact_values) {
+      for (size_t e = 0; e < w.size(); ++e) ASSERT_EQ(wd[e], w[e]);
+    }
+    if (half)  // the coopmat kernel rounds W to fp16 on load
+      for (float& v : wd) v = io::f16_to_float(io::float_to_f16(v));
+
+    const uint32_t k = forward ? cols : rows, n = forward ? rows : cols;
+    std::mt19937 rng(seed + 100);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    std::uniform_int_distribution<int> pick(0, 3);
+    const float exact[4] = {-0.5f, 0.0f, 0.5f, 1.0f};
+    auto draw = [&] {
+      const float v = exact_values ? exact[pick(rng)] : uni(rng);
+      return half ? io::f16_to_float(io::float_to_f16(v)) : v;
+    };
+    std::vector<float> a(size_t(m) * k), c(size_t(m) * n);
+    for (float& v : a) v = draw();
+    for (float& v : c) v = beta != 0.0f ? draw() : std::nanf("");
+
+    std::vector<double> want(c.size());
+    for (uint32_t i = 0; i < m; ++i)
+      for (uint32_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (uint32_t q = 0; q < k; ++q) {
+          const double wv = forward ? wd[size_t(j) * cols + q] : wd[size_t(q) * cols + j];
+          s += double(a[size_t(i) * k + q]) * wv;
+        }
+        want[size_t(i) * n + j] = alpha * s + (beta != 0.0f ? beta * double(c[size_t(i) * n + j]) : 0.0);
+      }
+
+    ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
+    gpu::Buffer a_view, c_view;
+    gpu::Buffer ga = padded(a, a_view), gc = padded(c, c_view);
+    if (forward)
+      ops::nf4_gemm_xwt(ctx(), a_view, gw, c_view, m, alpha, beta, kernel);
+    else
+      ops::nf4_gemm_dyw(ctx(), a_view, gw, c_view, m, alpha, beta, kernel);
+    const std::vector<float> got = unpad(gc, c.size());
+    ops::free_nf4(ctx(), gw);
+    ctx().free(ga);
+    ctx().free(gc);
+
+    // fp32 accumulation of k terms of magnitude <= ~1: error grows like k * eps32.
+    const double tol = exact_values ? 0.0 : 1e-6 * (k + 4) * (std::abs(alpha) + std::abs(beta) + 1);
+    size_t bad = 0;
+    for (size_t e = 0; e < got.size(); ++e)
+      if (!(std::abs(got[e] - want[e]) <= tol) && bad++ < 5)
+        ADD_FAILURE() << "out[" << e / n << "," << e % n << "] = " << got[e] << ", want " << want[e];
+    EXPECT_EQ(bad, 0u);
+  }
+
+  void gemm_suite(GemmKernel kernel) {
+    for (bool forward : {true, false})
+      for (bool dq : {false, true}) {
+        check_gemm(forward, 1, 96, 72, dq, 1.0f, 0.0f, kernel, false);
+        check_gemm(forward, 17, 96, 72, dq, 1.0f, 0.0f, kernel, false);
+        check_gemm(forward, 33, 7, 9, dq, -0.5f, 1.0f, kernel, false);  // numel 63: odd
+        check_gemm(forward, 70, 130, 200, dq, 2.0f, 0.5f, kernel, false);
+        check_gemm(forward, 5, 64, 1100, dq, 1.0f, 0.0f, kernel, false);  // > 256 blocks: 2 nested
+      }
+    for (bool forward : {true, false}) {
+      check_gemm(forward, 65, 96, 72, false, 1.0f, 0.0f, kernel, true);
+      check_gemm(forward, 3, 7, 9, false, 1.0f, 0.0f, kernel, true);
+      check_gemm(forward, 130, 128, 192, false, 0.5f, 1.0f, kernel, true);
+    }
+  }
+};
+
+TEST_F(Nf4GpuTest, DequantizeMatchesCpuExactly) {
+  for (bool dq : {false, true}) {
+    check_dequantize(1, 1, dq);
+    check_dequantize(7, 9, dq);  // numel 63: odd, one partial block
+    check_dequantize(96, 72, dq);
+    check_dequantize(3, 1000, dq);
+    check_dequantize(300, 100, dq);  // 469 blocks: two nested absmax blocks
+    check_dequantize(256, 1100, dq, 7);
+  }
+}
+
+// Outputs larger than the binding limit are written in several dispatches. Only where the limit
+// is small enough to exceed cheaply (lavapipe: 128 MiB).
+TEST_F(Nf4GpuTest, DequantizeSplitsOutputsLargerThanTheBindingLimit) {
+  const uint64_t range = ctx().info().max_storage_buffer_range;
+  if (range > (256ull << 20)) GTEST_SKIP() << "binding limit " << range << " too large to exceed cheaply";
+  const uint32_t cols = 4096, rows = static_cast<uint32_t>(range / 4 / cols + 3);
+  std::vector<float> w(size_t(rows) * cols);
+  for (size_t e = 0; e < w.size(); ++e) w[e] = float(int(e * 2654435761u % 2001) - 1000) * 1e-3f;
+  const model::Nf4Tensor t = model::nf4_quantize(w, {rows, cols}, {true, 0});
+  const std::vector<float> want = model::nf4_dequantize(t);
+  ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
+  gpu::Buffer out = ctx().alloc(want.size() * 4);
+  ops::nf4_dequantize(ctx(), gw, out);
+  const std::vector<float> got = ctx().download<float>(out, want.size());
+  ops::free_nf4(ctx(), gw);
+  ctx().free(out);
+  size_t bad = 0;
+  for (size_t e = 0; e < want.size(); ++e)
+    if (bits(got[e]) != bits(want[e]) && bad++ < 5) ADD_FAILURE() << "element " << e;
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST_F(Nf4GpuTest, ScalarFusedGemms) { gemm_suite(GemmKernel::scalar); }
+
+TEST_F(Nf4GpuTest, ScalarFusedGemmsLargeK) {
+  check_gemm(true, 40, 64, 2560, true, 1.0f, 0.0f, GemmKernel::scalar, false);
+  check_gemm(false, 40, 2560, 64, true, 1.0f, 0.0f, GemmKernel::scalar, false);
+}
+
+// The cooperative-matrix kernel's tiling, addressing and NF4 decoding, with the matrix
+// operations emulated by scalar code (runs on any device, lavapipe included).
+TEST_F(Nf4GpuTest, CoopmatEmulatedFusedGemms) { gemm_suite(GemmKernel::coopmat_emulated); }
+
+// The real cooperative-matrix kernel, where the device has one (not lavapipe).
+TEST_F(Nf4GpuTest, CoopmatFusedGemms) {
+  if (ops::nf4_gemm_kernel_for(ctx()) != GemmKernel::coopmat)
+    GTEST_SKIP() << "no NV cooperative matrix 16x16x16 f16->f32 on " << ctx().info().name;
+  gemm_suite(GemmKernel::coopmat);
+  for (bool forward : {true, false}) {  // 128 x 128 tiles
+    check_gemm(forward, 2048, 1024, 2560, true, 1.0f, 0.0f, GemmKernel::coopmat, false);
+    check_gemm(forward, 1000, 2048, 1024, false, 1.0f, 0.0f, GemmKernel::coopmat, true);
+  }
+}
+
+// Inputs and outputs larger than the binding limit are split over M. Only where the limit is
+// small enough to exceed cheaply (lavapipe: 128 MiB).
+TEST_F(Nf4GpuTest, FusedGemmsSplitRowsOverTheBindingLimit) {
+  const uint64_t range = ctx().info().max_storage_buffer_range;
+  if (range > (256ull << 20)) GTEST_SKIP() << "binding limit " << range << " too large to exceed cheaply";
+  const uint32_t m = static_cast<uint32_t>(range / (64 * 4) + 1000);  // [m, 64] fp32 exceeds the range
+  check_gemm(true, m, 8, 64, false, 1.0f, 0.0f, GemmKernel::scalar, true);
+  check_gemm(false, m, 8, 64, true, 1.0f, 0.0f, GemmKernel::scalar, false);
+}
+
+TEST_F(Nf4GpuTest, RejectsPackedWeightsOverTheBindingLimit) {
+  model::Nf4Tensor t;
+  const uint64_t range = ctx().info().max_storage_buffer_range;
+  if (range >= (1ull << 30)) GTEST_SKIP() << "binding limit " << range << " too large to exceed cheaply";
+  t.numel = int64_t(range) * 2 + 128;
+  t.shape = {t.numel / 64, 64};
+  t.packed.resize(size_t(t.numel / 2));
+  EXPECT_THROW(ops::upload_nf4(ctx(), t), std::logic_error);
+}
+
+}  // namespace
+}  // namespace forja::test
