@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -171,6 +172,31 @@ TEST_F(AttentionTest, RejectsBadShapes) {
   EXPECT_THROW(ops::attention_forward(ctx(), b, b, b, b, b, b, 1, 4, 3, 2, 8, 1.0f), std::invalid_argument);
   EXPECT_THROW(ops::attention_forward(ctx(), b, b, b, b, b, b, 1, 4, 2, 1, 129, 1.0f), std::invalid_argument);
   EXPECT_THROW(ops::attention_forward(ctx(), b, b, b, b, b, b, 8, 64, 2, 1, 8, 1.0f), std::invalid_argument);
+}
+
+// Timing on a real GPU (not a test: run with --gtest_also_run_disabled_tests). Qwen3-8B-like
+// attention: 32 query heads, 8 kv heads, d 128, one sequence of 4096 tokens.
+TEST_F(AttentionTest, DISABLED_BenchQwen3Shape) {
+  const Shape s{1, 4096, 32, 8, 128};
+  const size_t nq = size_t(s.seq) * s.nh * s.d, nkv = size_t(s.seq) * s.nkv * s.d, nstat = size_t(s.seq) * s.nh;
+  auto gq = upload(random(nq)), gk = upload(random(nkv)), gv = upload(random(nkv)), gdo = upload(random(nq));
+  auto gseg = upload(std::vector<int32_t>(s.seq, 1));
+  auto gout = output(nq), glse = output(nstat), gdq = output(nq), gdk = output(nkv), gdv = output(nkv);
+  const float scale = 1.0f / std::sqrt(float(s.d));
+  const double causal_flops = 2.0 * s.nh * (0.5 * s.seq * (s.seq + 1.0)) * s.d;
+  for (int pass = 0; pass < 3; ++pass) {
+    auto t0 = std::chrono::steady_clock::now();
+    ops::attention_forward(ctx(), gq, gk, gv, gseg, gout, glse, s.batch, s.seq, s.nh, s.nkv, s.d, scale);
+    ctx().finish();
+    auto t1 = std::chrono::steady_clock::now();
+    ops::attention_backward(ctx(), gq, gk, gv, gseg, gout, glse, gdo, gdq, gdk, gdv, s.batch, s.seq, s.nh, s.nkv,
+                            s.d, scale);
+    ctx().finish();
+    auto t2 = std::chrono::steady_clock::now();
+    const double f = std::chrono::duration<double>(t1 - t0).count(), b = std::chrono::duration<double>(t2 - t1).count();
+    std::fprintf(stderr, "attention %s: forward %.2f ms (%.1f TFLOP/s), backward %.2f ms (%.1f TFLOP/s)\n",
+                 s.name().c_str(), f * 1e3, 2 * causal_flops / f * 1e-12, b * 1e3, 5 * causal_flops / b * 1e-12);
+  }
 }
 
 }  // namespace
