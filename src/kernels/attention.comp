@@ -74,17 +74,19 @@ layout(set = 0, binding = 7) writeonly buffer DK { float dk[]; };
 layout(set = 0, binding = 8) writeonly buffer DV { float dv[]; };
 #endif
 
-// Tiles; columns >= head_dim and rows past the sequence hold 0 so the loops need no bounds.
-shared float sq[BQ][DMAX];  // queries (the forward pre-multiplies them by scale)
-shared float sk[BK][DMAX];
-shared float sv[BK][DMAX];
+// Tiles; columns >= head_dim and rows past the sequence hold 0 so the loops need no bounds. Rows
+// are DMAX + 1 floats apart so the threads of a score dot product, which read the same column of
+// different rows, hit different shared-memory banks (16-way conflicts otherwise).
+shared float sq[BQ][DMAX + 1u];  // queries (the forward pre-multiplies them by scale)
+shared float sk[BK][DMAX + 1u];
+shared float sv[BK][DMAX + 1u];
 shared int sseg_q[BQ];
 shared int sseg_k[BK];
 #if defined(FWD)
 shared float sp[BQ][BK + 1u];  // scores, then probabilities of the current key tile
 shared float srow_m[BQ], srow_l[BQ], srow_alpha[BQ];
 #else
-shared float sdo[BQ][DMAX];
+shared float sdo[BQ][DMAX + 1u];
 shared float sds[BQ][BK + 1u];
 shared float slse[BQ], sd[BQ];
 #endif
