@@ -82,6 +82,9 @@ shared float sk[BK][DMAX + 1u];
 shared float sv[BK][DMAX + 1u];
 shared int sseg_q[BQ];
 shared int sseg_k[BK];
+// Whether any (query, key) pair of the current tiles is visible; a tile pair with none (earlier
+// documents of a packed sequence) skips its softmax and accumulation, which would add zeros.
+shared uint sany;
 #if defined(FWD)
 shared float sp[BQ][BK + 1u];  // scores, then probabilities of the current key tile
 shared float srow_m[BQ], srow_l[BQ], srow_alpha[BQ];
@@ -149,14 +152,19 @@ void main() {
     LOAD_TILE(sk, BK, k, pc.off1, pc.n_kv_heads, b, k0, g, 1.0)
     LOAD_TILE(sv, BK, v, pc.off2, pc.n_kv_heads, b, k0, g, 1.0)
     LOAD_SEG(sseg_k, BK, b, k0)
+    if (t == 0u) sany = 0u;
     barrier();
     for (uint e = t; e < BQ * BK; e += THREADS) {
       const uint r = e / BK, kj = e % BK, i = q0 + r, j = k0 + kj;
       float s = NEG;
-      if (i < pc.seq && j < pc.seq && visible(i, j, sseg_q[r], sseg_k[kj])) s = dot_tile_q_k(r, kj);
+      if (i < pc.seq && j < pc.seq && visible(i, j, sseg_q[r], sseg_k[kj])) {
+        s = dot_tile_q_k(r, kj);
+        sany = 1u;
+      }
       sp[r][kj] = s;
     }
     barrier();
+    if (sany == 0u) continue;  // uniform: every thread read the same value after the barrier
     // Online softmax, one thread per row: rescale by exp(m_old - m_new), add this tile's terms.
     if (t < BQ) {
       const float m_old = srow_m[t];
@@ -234,6 +242,7 @@ void main() {
     LOAD_TILE(sk, BK, k, pc.off1, pc.n_kv_heads, b, k0, g, 1.0)
     LOAD_TILE(sv, BK, v, pc.off2, pc.n_kv_heads, b, k0, g, 1.0)
     LOAD_SEG(sseg_k, BK, b, k0)
+    if (t == 0u) sany = 0u;
     barrier();
     // dS_ij = P_ij (dout_i . v_j - D_i) with P_ij = exp(scale q_i . k_j - lse_i); 0 when masked
     // (padding rows have lse = -inf and are never visible, so it is never read for them).
@@ -245,10 +254,12 @@ void main() {
         float dp = 0.0;
         for (uint c = 0u; c < pc.head_dim; ++c) dp += sdo[r][c] * sv[kj][c];
         ds = p * (dp - sd[r]);
+        sany = 1u;
       }
       sds[r][kj] = ds;
     }
     barrier();
+    if (sany == 0u) continue;
     for (uint kj = 0u; kj < BK; ++kj) {
       const float ds = sds[row][kj];
       for (uint j = 0u; j < CPT; ++j) acc[j] += ds * sk[kj][lane + LANES * j];
@@ -285,6 +296,7 @@ void main() {
         slse[t] = i < pc.seq ? lse[pc.off4 + stat_index(b, h, i)] : 0.0;
         sd[t] = i < pc.seq ? drow[pc.off6 + stat_index(b, h, i)] : 0.0;
       }
+      if (t == 0u) sany = 0u;
       barrier();
       for (uint e = t; e < BQ * BK; e += THREADS) {
         const uint r = e / BK, kj = e % BK, i = q0 + r, j = k0 + kj;
@@ -294,11 +306,13 @@ void main() {
           float dp = 0.0;
           for (uint c = 0u; c < pc.head_dim; ++c) dp += sdo[r][c] * sv[kj][c];
           ds = p * (dp - sd[r]);
+          sany = 1u;
         }
         sp[r][kj] = p;
         sds[r][kj] = ds;
       }
       barrier();
+      if (sany == 0u) continue;
       // Thread row = key kj of the tile: dv_j += sum_i P_ij dout_i, dk_j += sum_i dS_ij q_i.
       for (uint r = 0u; r < BQ; ++r) {
         const float p = sp[r][row], ds = sds[r][row];
