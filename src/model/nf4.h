@@ -136,7 +136,9 @@ std::vector<float> nf4_dequantize(const Nf4Tensor& t);
 // order: checks each weight's shape against the config (UserError naming the tensor, the shapes
 // and the fix), quantises it, releases its source pages (io::SafetensorsFile::release) and hands
 // it to `sink`, which may upload and drop it. Peak host memory beyond the mapped files is one
-// quantised tensor (measured: 18.7 MB anonymous for a Qwen3-4B-shaped bf16 checkpoint).
+// quantised tensor. Measured on a Qwen3-4B-shaped bf16 checkpoint (8.0 GB, 2 shards, 252
+// linears -> 1.874 GB NF4+DQ, 2 threads on a shared 2-core machine, 56 s): peak anonymous memory
+// 18.7 MB, peak resident set including mapped file pages 71 MB.
 void quantize_checkpoint_linears(
     const io::SafetensorsCheckpoint& checkpoint, const ModelConfig& config,
     const Nf4Options& options,
