@@ -221,7 +221,8 @@ void main() {
     const uint i = q0 + row;
     float part = 0.0;
     if (i < pc.seq)
-      for (uint c = lane; c < pc.head_dim; c += LANES) part += sdo[row][c] * o[pc.off4 + token_row(b, i, pc.n_heads, h) + c];
+      for (uint c = lane; c < pc.head_dim; c += LANES)
+        part += sdo[row][c] * o[pc.off4 + token_row(b, i, pc.n_heads, h) + c];
     sred[t] = part;
   }
   barrier();

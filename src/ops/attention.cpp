@@ -92,8 +92,8 @@ void attention_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffe
     const Bound bs = bind(ctx, segments, uint64_t(b0) * seq, uint64_t(nb) * seq);
     const Bound bo = bind(ctx, out, b0 * m.q_seq(), nb * m.q_seq());
     const Bound bl = bind(ctx, lse, b0 * m.stat_seq(), nb * m.stat_seq());
-    const AttnPush push{seq, n_heads, n_kv_heads, head_dim, scale,
-                        {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, 0, 0, 0}};
+    const AttnPush push{seq,      n_heads, n_kv_heads,
+                        head_dim, scale,   {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, 0, 0, 0}};
     // Causal: about half of the S x S scores, each a d-long dot in QK^T and in PV.
     const double flops = 2.0 * 2.0 * nb * n_heads * (0.5 * seq * (seq + 1.0)) * head_dim;
     ctx.dispatch(p,
@@ -149,9 +149,13 @@ void attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buff
     const Bound bd = bind(ctx, drow, b0 * m.stat_seq(), nb * m.stat_seq());
     const double product = 2.0 * nb * n_heads * (0.5 * seq * (seq + 1.0)) * head_dim;
 
-    const AttnPush push_dq{seq, n_heads, n_kv_heads, head_dim, scale,
-                           {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, bdo.offset, bdq.offset,
-                            bd.offset}};
+    const AttnPush push_dq{
+        seq,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        scale,
+        {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, bdo.offset, bdq.offset, bd.offset}};
     ctx.dispatch(pdq,
                  {{bq.buffer, gpu::Access::read},
                   {bk.buffer, gpu::Access::read},
@@ -164,9 +168,13 @@ void attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buff
                   {bd.buffer, gpu::Access::write}},
                  push_dq, (seq + kQueryTile - 1) / kQueryTile, n_heads, nb, "attention_backward_dq", 3 * product);
 
-    const AttnPush push_kv{seq, n_heads, n_kv_heads, head_dim, scale,
-                           {bq.offset, bk.offset, bv.offset, bs.offset, bl.offset, bdo.offset, bd.offset, bdk.offset,
-                            bdv.offset}};
+    const AttnPush push_kv{
+        seq,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        scale,
+        {bq.offset, bk.offset, bv.offset, bs.offset, bl.offset, bdo.offset, bd.offset, bdk.offset, bdv.offset}};
     ctx.dispatch(pkv,
                  {{bq.buffer, gpu::Access::read},
                   {bk.buffer, gpu::Access::read},

@@ -14,7 +14,7 @@ struct CePush {
 };
 
 constexpr uint32_t kThreads = 256;
-constexpr uint32_t kMaxGroups = 4096;              // grid-stride loops cover the rest
+constexpr uint32_t kMaxGroups = 4096;  // grid-stride loops cover the rest
 // Cap on the [Tb, Vc] logits scratch: 1024 rows of an 8192-wide chunk, GEMMs of
 // 1024 x 8192 x H, large enough to fill a big GPU, small next to the model's activations.
 constexpr uint64_t kMaxLogitsBytes = 32ull << 20;
@@ -38,7 +38,9 @@ Bound bind(const gpu::Context& ctx, const gpu::Buffer& b, uint64_t first, uint64
   return {b.slice(begin, end - begin), static_cast<uint32_t>((first * 4 - begin) / 4)};
 }
 
-uint32_t grid(uint64_t n) { return static_cast<uint32_t>(std::clamp<uint64_t>((n + kThreads - 1) / kThreads, 1, kMaxGroups)); }
+uint32_t grid(uint64_t n) {
+  return static_cast<uint32_t>(std::clamp<uint64_t>((n + kThreads - 1) / kThreads, 1, kMaxGroups));
+}
 
 }  // namespace
 
@@ -108,9 +110,9 @@ void lm_head_cross_entropy(gpu::Context& ctx, const gpu::Buffer& x, const gpu::B
                     {stats, gpu::Access::read_write}},
                    CePush{rows, vcur, v0, v0 == 0 ? 1u : 0u, bt.offset, tb, vocab, 0, 0}, rows, 1, 1, "ce_stats");
     }
-    ctx.dispatch(p_loss,
-                 {{bt.buffer, gpu::Access::read}, {stats, gpu::Access::read_write}, {loss_sum, gpu::Access::read_write}},
-                 CePush{rows, 0, 0, 0, bt.offset, tb, vocab, 0, 0}, 1, 1, 1, "ce_loss");
+    ctx.dispatch(
+        p_loss, {{bt.buffer, gpu::Access::read}, {stats, gpu::Access::read_write}, {loss_sum, gpu::Access::read_write}},
+        CePush{rows, 0, 0, 0, bt.offset, tb, vocab, 0, 0}, 1, 1, 1, "ce_loss");
     if (!options.need_grad) continue;
 
     for (uint32_t v0 = 0; v0 < vocab; v0 += vc) {

@@ -95,16 +95,16 @@ class AttentionTest : public GpuTest {
     auto gq = upload(q), gk = upload(k), gv = upload(v), gseg = upload(seg), gdo = upload(dout);
     auto gout = output(nq), glse = output(nstat), gdq = output(nq), gdk = output(nkv), gdv = output(nkv);
     ops::attention_forward(ctx(), gq, gk, gv, gseg, gout, glse, s.batch, s.seq, s.nh, s.nkv, s.d, scale);
-    ops::attention_backward(ctx(), gq, gk, gv, gseg, gout, glse, gdo, gdq, gdk, gdv, s.batch, s.seq, s.nh, s.nkv,
-                            s.d, scale);
+    ops::attention_backward(ctx(), gq, gk, gv, gseg, gout, glse, gdo, gdq, gdk, gdv, s.batch, s.seq, s.nh, s.nkv, s.d,
+                            scale);
 
     std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
     std::vector<double> dod(dout.begin(), dout.end());
     std::vector<double> out(nq), lse(nstat), dq(nq), dk(nkv), dv(nkv);
-    ref::attention_forward(out.data(), lse.data(), qd.data(), kd.data(), vd.data(), seg.data(), s.batch, s.seq,
-                           s.nh, s.nkv, s.d);
-    ref::attention_backward(dq.data(), dk.data(), dv.data(), dod.data(), qd.data(), kd.data(), vd.data(),
-                            out.data(), lse.data(), seg.data(), s.batch, s.seq, s.nh, s.nkv, s.d);
+    ref::attention_forward(out.data(), lse.data(), qd.data(), kd.data(), vd.data(), seg.data(), s.batch, s.seq, s.nh,
+                           s.nkv, s.d);
+    ref::attention_backward(dq.data(), dk.data(), dv.data(), dod.data(), qd.data(), kd.data(), vd.data(), out.data(),
+                            lse.data(), seg.data(), s.batch, s.seq, s.nh, s.nkv, s.d);
     // The reference's lse is [B, S, nh]; the op's is [B, nh, S].
     std::vector<double> lse_t(nstat);
     for (uint32_t b = 0; b < s.batch; ++b)
@@ -189,8 +189,8 @@ TEST_F(AttentionTest, DISABLED_BenchQwen3Shape) {
     ops::attention_forward(ctx(), gq, gk, gv, gseg, gout, glse, s.batch, s.seq, s.nh, s.nkv, s.d, scale);
     ctx().finish();
     auto t1 = std::chrono::steady_clock::now();
-    ops::attention_backward(ctx(), gq, gk, gv, gseg, gout, glse, gdo, gdq, gdk, gdv, s.batch, s.seq, s.nh, s.nkv,
-                            s.d, scale);
+    ops::attention_backward(ctx(), gq, gk, gv, gseg, gout, glse, gdo, gdq, gdk, gdv, s.batch, s.seq, s.nh, s.nkv, s.d,
+                            scale);
     ctx().finish();
     auto t2 = std::chrono::steady_clock::now();
     const double f = std::chrono::duration<double>(t1 - t0).count(), b = std::chrono::duration<double>(t2 - t1).count();

@@ -44,7 +44,8 @@ class CrossEntropyTest : public GpuTest {
   std::vector<int32_t> random_targets(uint32_t tokens, uint32_t vocab) {
     std::uniform_int_distribution<int32_t> t(0, int32_t(vocab) - 1);
     std::vector<int32_t> v(tokens);
-    for (uint32_t i = 0; i < tokens; ++i) v[i] = ((i == 0 && tokens > 2) || rng_() % 3 == 0) ? ref::kIgnoreIndex : t(rng_);
+    for (uint32_t i = 0; i < tokens; ++i)
+      v[i] = ((i == 0 && tokens > 2) || rng_() % 3 == 0) ? ref::kIgnoreIndex : t(rng_);
     if (tokens > 1) v[tokens - 1] = int32_t(vocab) - 1;  // the last vocabulary row (in the short chunk)
     return v;
   }
@@ -125,9 +126,9 @@ class CrossEntropyTest : public GpuTest {
 };
 
 TEST_F(CrossEntropyTest, Fp32MatchesChunkedReference) {
-  check({37, 24, 1000, 128}, 1e-5, 1e-5);   // V % chunk = 104
-  check({5, 7, 50, 7}, 1e-5, 1e-5);         // chunk of 7, last chunk of 1
-  check({1, 33, 300, 8192}, 1e-5, 1e-5);    // chunk larger than V, one token
+  check({37, 24, 1000, 128}, 1e-5, 1e-5);  // V % chunk = 104
+  check({5, 7, 50, 7}, 1e-5, 1e-5);        // chunk of 7, last chunk of 1
+  check({1, 33, 300, 8192}, 1e-5, 1e-5);   // chunk larger than V, one token
   check({70, 64, 2049, 512}, 1e-5, 1e-5);
 }
 
@@ -150,8 +151,8 @@ TEST_F(CrossEntropyTest, LossAccumulatesAcrossCallsAndNoGradLeavesDx) {
   auto t1 = random_targets(T, V), t2 = random_targets(T, V);
   std::vector<double> xd(x.begin(), x.end()), wd(w.begin(), w.end());
   int64_t c1 = 0, c2 = 0;
-  const double l1 = ref::cross_entropy_forward_chunked(&c1, nullptr, nullptr, xd.data(), wd.data(), t1.data(), T, H,
-                                                       V, chunk);
+  const double l1 =
+      ref::cross_entropy_forward_chunked(&c1, nullptr, nullptr, xd.data(), wd.data(), t1.data(), T, H, V, chunk);
   const double l2 = ref::cross_entropy_forward_chunked(&c2, nullptr, nullptr, xd.data() + T * H, wd.data(), t2.data(),
                                                        T, H, V, chunk);
   std::vector<float> x2(x.begin() + T * H, x.end());
