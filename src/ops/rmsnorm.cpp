@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "ops/chunking.h"
+
 namespace forja::ops {
 
 namespace {
@@ -15,32 +17,6 @@ struct RmsnormPush {
   float eps;
   uint32_t accumulate;
 };
-
-uint64_t offset_alignment(const gpu::Context& ctx) {
-  return std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
-}
-
-// A binding that covers bytes [begin, begin + bytes) of `b` from an offset the device accepts;
-// `first` is the number of `elem_bytes` elements between the binding's start and `begin`.
-struct Window {
-  gpu::Buffer view;
-  uint32_t first;
-};
-Window window(const gpu::Context& ctx, const gpu::Buffer& b, uint64_t begin, uint64_t bytes, uint32_t elem_bytes) {
-  const uint64_t align = offset_alignment(ctx);
-  const uint64_t start = begin / align * align;
-  const uint64_t end = std::min<uint64_t>((begin + bytes + 15) / 16 * 16, b.size);
-  return {b.slice(start, end - start), static_cast<uint32_t>((begin - start) / elem_bytes)};
-}
-
-void check_buffer(const gpu::Context& ctx, const char* op, const char* name, const gpu::Buffer& b, uint64_t bytes) {
-  if (b.size < bytes)
-    throw std::logic_error(std::string(op) + ": " + name + " holds " + std::to_string(b.size) + " bytes, the shape needs " +
-                           std::to_string(bytes));
-  if (b.offset % offset_alignment(ctx) != 0)
-    throw std::logic_error(std::string(op) + ": " + name + " starts at offset " + std::to_string(b.offset) +
-                           ", not a multiple of the storage-buffer offset alignment");
-}
 
 // Workgroup size for a row of `cols`: about two columns per invocation, a power of two in
 // [32, 256], so short rows (q/k norms over head_dim) do not leave most invocations idle. On a
@@ -56,7 +32,7 @@ uint32_t workgroup_size(const gpu::Context& ctx, uint32_t cols) {
 // Rows per dispatch such that a [rows, cols] fp32 chunk, shifted down to an aligned binding
 // start and rounded up to 16 bytes, stays within the binding limit.
 uint32_t rows_per_chunk(const gpu::Context& ctx, const char* op, uint32_t cols) {
-  const uint64_t usable = ctx.info().max_storage_buffer_range - offset_alignment(ctx) - 16;
+  const uint64_t usable = usable_binding_bytes(ctx);
   const uint64_t rows = usable / (uint64_t(cols) * 4);
   if (rows == 0) throw std::logic_error(std::string(op) + ": one row of " + std::to_string(cols) +
                                         " columns exceeds the device's storage-buffer binding limit");

@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "ops/chunking.h"
+
 namespace forja::ops {
 
 namespace {
@@ -18,32 +20,6 @@ struct RopePush {
 constexpr uint32_t kThreads = 256;
 constexpr uint32_t kMaxGroups = 65535;  // the kernel's grid-stride loop covers the rest
 
-uint64_t offset_alignment(const gpu::Context& ctx) {
-  return std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
-}
-
-// A binding that covers bytes [begin, begin + bytes) of `b` from an offset the device accepts;
-// `first` is the number of 4-byte elements between the binding's start and `begin`.
-struct Window {
-  gpu::Buffer view;
-  uint32_t first;
-};
-Window window(const gpu::Context& ctx, const gpu::Buffer& b, uint64_t begin, uint64_t bytes) {
-  const uint64_t align = offset_alignment(ctx);
-  const uint64_t start = begin / align * align;
-  const uint64_t end = std::min<uint64_t>((begin + bytes + 15) / 16 * 16, b.size);
-  return {b.slice(start, end - start), static_cast<uint32_t>((begin - start) / 4)};
-}
-
-void check_buffer(const gpu::Context& ctx, const char* op, const char* name, const gpu::Buffer& b, uint64_t bytes) {
-  if (b.size < bytes)
-    throw std::logic_error(std::string(op) + ": " + name + " holds " + std::to_string(b.size) + " bytes, the shape needs " +
-                           std::to_string(bytes));
-  if (b.offset % offset_alignment(ctx) != 0)
-    throw std::logic_error(std::string(op) + ": " + name + " starts at offset " + std::to_string(b.offset) +
-                           ", not a multiple of the storage-buffer offset alignment");
-}
-
 void rope_apply(gpu::Context& ctx, const char* op, float sign, const gpu::Buffer& x, const gpu::Buffer& positions,
                 const gpu::Buffer& inv_freq, uint32_t tokens, uint32_t heads, uint32_t head_dim) {
   if (tokens == 0 || heads == 0) return;
@@ -53,7 +29,7 @@ void rope_apply(gpu::Context& ctx, const char* op, float sign, const gpu::Buffer
   check_buffer(ctx, op, "x", x, tokens * row_bytes);
   check_buffer(ctx, op, "positions", positions, uint64_t(tokens) * 4);
   check_buffer(ctx, op, "inv_freq", inv_freq, uint64_t(head_dim / 2) * 4);
-  const uint64_t usable = ctx.info().max_storage_buffer_range - offset_alignment(ctx) - 16;
+  const uint64_t usable = usable_binding_bytes(ctx);
   const uint64_t chunk = std::min<uint64_t>(usable / row_bytes, UINT32_MAX / head_dim);
   if (chunk == 0)
     throw std::logic_error(std::string(op) + ": one token of " + std::to_string(heads) + " heads x " +

@@ -11,30 +11,14 @@
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
 #include "ops/ref/adamw_ref.h"
-#include "support/gpu_fixture.h"
+#include "support/gpu_buffers.h"
 
 namespace forja::test {
 namespace {
 
-constexpr float kSentinel = 777.25f;
-constexpr uint32_t kPad = 16;  // sentinel elements after each output
-
-class AdamwTest : public GpuTest {
+class AdamwTest : public GpuBufferTest {
  protected:
-  gpu::Buffer upload(const std::vector<float>& v) {
-    gpu::Buffer b = ctx().alloc((v.size() + kPad) * 4);
-    std::vector<float> padded(v);
-    padded.resize(v.size() + kPad, kSentinel);
-    ctx().upload(b, padded);
-    bufs_.push_back(b);
-    return b;
-  }
-  std::vector<float> result(const gpu::Buffer& b, size_t n) {
-    auto v = ctx().download<float>(b, n + kPad);
-    for (uint32_t i = 0; i < kPad; ++i) EXPECT_EQ(v[n + i], kSentinel) << "write past the end at +" << i;
-    v.resize(n);
-    return v;
-  }
+  AdamwTest() : GpuBufferTest(3) {}
   // |got - want| <= rtol * scale + atol, element by element, with scale = |want| or, where the
   // value is a sum that may cancel, the sum of the magnitudes of its terms.
   static void expect_close(const char* what, const std::vector<float>& got, const std::vector<double>& want, double rtol,
@@ -48,18 +32,6 @@ class AdamwTest : public GpuTest {
     }
     EXPECT_EQ(bad, 0u) << what;
   }
-  std::vector<float> random(size_t n, float lo, float hi) {
-    std::uniform_real_distribution<float> u(lo, hi);
-    std::vector<float> v(n);
-    for (auto& x : v) x = u(rng_);
-    return v;
-  }
-  void TearDown() override {
-    for (auto& b : bufs_) ctx().free(b);
-    GpuTest::TearDown();
-  }
-  std::mt19937 rng_{3};
-  std::vector<gpu::Buffer> bufs_;
 };
 
 struct Case {

@@ -9,55 +9,15 @@
 #include "ops/elementwise.h"
 #include "ops/ref/elementwise_ref.h"
 #include "ops/ref/swiglu_ref.h"
-#include "support/gpu_fixture.h"
+#include "support/gpu_buffers.h"
 
 namespace forja::test {
 namespace {
 
-constexpr float kSentinel = 777.25f;
-constexpr uint32_t kPad = 16;  // sentinel elements after each output
-
-class ElementwiseTest : public GpuTest {
+class ElementwiseTest : public GpuBufferTest {
  protected:
-  std::vector<float> random(size_t n, float lo = -4.0f, float hi = 4.0f) {
-    std::uniform_real_distribution<float> u(lo, hi);
-    std::vector<float> v(n);
-    for (auto& x : v) x = u(rng_);
-    return v;
-  }
-  gpu::Buffer upload(const std::vector<float>& v) {
-    gpu::Buffer b = ctx().alloc((v.size() + kPad) * 4);
-    std::vector<float> padded(v);
-    padded.resize(v.size() + kPad, kSentinel);
-    ctx().upload(b, padded);
-    bufs_.push_back(b);
-    return b;
-  }
-  gpu::Buffer output(size_t n) { return upload(std::vector<float>(n, std::nanf(""))), bufs_.back(); }
-  // Downloads n values and checks the sentinels after them.
-  std::vector<float> result(const gpu::Buffer& b, size_t n) {
-    auto v = ctx().download<float>(b, n + kPad);
-    for (uint32_t i = 0; i < kPad; ++i) EXPECT_EQ(v[n + i], kSentinel) << "write past the end at +" << i;
-    v.resize(n);
-    return v;
-  }
-  static void expect_close(const std::vector<float>& got, const std::vector<double>& want, double rtol) {
-    ASSERT_EQ(got.size(), want.size());
-    size_t bad = 0;
-    for (size_t i = 0; i < got.size(); ++i)
-      if (!(std::abs(got[i] - want[i]) <= rtol * (1.0 + std::abs(want[i]))) && bad++ < 5)
-        ADD_FAILURE() << "element " << i << ": " << got[i] << " vs " << want[i];
-    EXPECT_EQ(bad, 0u);
-  }
-  void TearDown() override {
-    for (auto& b : bufs_) ctx().free(b);
-    GpuTest::TearDown();
-  }
-  std::mt19937 rng_{42};
-  std::vector<gpu::Buffer> bufs_;
+  ElementwiseTest() : GpuBufferTest(42, -4.0f, 4.0f) {}
 };
-
-std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 TEST_F(ElementwiseTest, AddScaleSilu) {
   for (size_t n : {1u, 7u, 255u, 257u, 100003u}) {

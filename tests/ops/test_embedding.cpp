@@ -11,26 +11,14 @@
 #include "io/float16.h"
 #include "ops/embedding.h"
 #include "ops/ref/embedding_ref.h"
-#include "support/gpu_fixture.h"
+#include "support/gpu_buffers.h"
 
 namespace forja::test {
 namespace {
 
-constexpr float kSentinel = 777.25f;
-constexpr uint32_t kPad = 16;  // sentinel elements after each output
-
-class EmbeddingTest : public GpuTest {
+class EmbeddingTest : public GpuBufferTest {
  protected:
-  template <typename T>
-  gpu::Buffer upload(const std::vector<T>& v, T pad) {
-    gpu::Buffer b = ctx().alloc((v.size() + kPad) * sizeof(T));
-    std::vector<T> padded(v);
-    padded.resize(v.size() + kPad, pad);
-    ctx().upload(b, padded);
-    bufs_.push_back(b);
-    return b;
-  }
-  gpu::Buffer output(size_t n) { return upload(std::vector<float>(n, std::nanf("")), kSentinel); }
+  EmbeddingTest() : GpuBufferTest(5, -3.0f, 3.0f) {}
   // Uploads the table in `dtype`; rounds it in place to the values the GPU holds.
   gpu::Buffer upload_table(std::vector<float>& table, ops::DType dtype) {
     if (dtype == ops::DType::f32) return upload(table, 0.0f);
@@ -41,24 +29,6 @@ class EmbeddingTest : public GpuTest {
     }
     return upload(h, uint16_t{0});
   }
-  std::vector<float> result(const gpu::Buffer& b, size_t n) {
-    auto v = ctx().download<float>(b, n + kPad);
-    for (uint32_t i = 0; i < kPad; ++i) EXPECT_EQ(v[n + i], kSentinel) << "write past the end at +" << i;
-    v.resize(n);
-    return v;
-  }
-  std::vector<float> random(size_t n) {
-    std::uniform_real_distribution<float> u(-3.0f, 3.0f);
-    std::vector<float> v(n);
-    for (auto& x : v) x = u(rng_);
-    return v;
-  }
-  void TearDown() override {
-    for (auto& b : bufs_) ctx().free(b);
-    GpuTest::TearDown();
-  }
-  std::mt19937 rng_{5};
-  std::vector<gpu::Buffer> bufs_;
 };
 
 // The reference for ids that may be out of range: zero rows there (the op's contract).

@@ -9,32 +9,16 @@
 #include "io/float16.h"
 #include "ops/ref/rmsnorm_ref.h"
 #include "ops/rmsnorm.h"
-#include "support/gpu_fixture.h"
+#include "support/gpu_buffers.h"
 
 namespace forja::test {
 namespace {
 
-constexpr float kSentinel = 777.25f;
-constexpr uint32_t kPad = 16;  // sentinel elements after each output
 constexpr float kEps = 1e-6f;  // Qwen3's rms_norm_eps
 
-class NormTest : public GpuTest {
+class NormTest : public GpuBufferTest {
  protected:
-  std::vector<float> random(size_t n, float lo = -2.0f, float hi = 2.0f) {
-    std::uniform_real_distribution<float> u(lo, hi);
-    std::vector<float> v(n);
-    for (auto& x : v) x = u(rng_);
-    return v;
-  }
-  gpu::Buffer upload(const std::vector<float>& v) {
-    gpu::Buffer b = ctx().alloc((v.size() + kPad) * 4);
-    std::vector<float> padded(v);
-    padded.resize(v.size() + kPad, kSentinel);
-    ctx().upload(b, padded);
-    bufs_.push_back(b);
-    return b;
-  }
-  gpu::Buffer output(size_t n) { return upload(std::vector<float>(n, std::nanf(""))); }
+  NormTest() : GpuBufferTest(7, -2.0f, 2.0f) {}
   // Uploads w in `dtype`; rounds w in place to the values the GPU sees.
   gpu::Buffer upload_weights(std::vector<float>& w, ops::DType dtype) {
     if (dtype == ops::DType::f32) return upload(w);
@@ -48,30 +32,7 @@ class NormTest : public GpuTest {
     bufs_.push_back(b);
     return b;
   }
-  // Downloads n values and checks the sentinels after them.
-  std::vector<float> result(const gpu::Buffer& b, size_t n) {
-    auto v = ctx().download<float>(b, n + kPad);
-    for (uint32_t i = 0; i < kPad; ++i) EXPECT_EQ(v[n + i], kSentinel) << "write past the end at +" << i;
-    v.resize(n);
-    return v;
-  }
-  static void expect_close(const std::vector<float>& got, const std::vector<double>& want, double rtol) {
-    ASSERT_EQ(got.size(), want.size());
-    size_t bad = 0;
-    for (size_t i = 0; i < got.size(); ++i)
-      if (!(std::abs(got[i] - want[i]) <= rtol * (1.0 + std::abs(want[i]))) && bad++ < 5)
-        ADD_FAILURE() << "element " << i << ": " << got[i] << " vs " << want[i];
-    EXPECT_EQ(bad, 0u);
-  }
-  void TearDown() override {
-    for (auto& b : bufs_) ctx().free(b);
-    GpuTest::TearDown();
-  }
-  std::mt19937 rng_{7};
-  std::vector<gpu::Buffer> bufs_;
 };
-
-std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 struct Shape {
   uint32_t rows, cols;

@@ -9,44 +9,18 @@
 
 #include "ops/ref/rope_ref.h"
 #include "ops/rope.h"
-#include "support/gpu_fixture.h"
+#include "support/gpu_buffers.h"
 
 namespace forja::test {
 namespace {
 
-constexpr float kSentinel = 777.25f;
-constexpr uint32_t kPad = 16;  // sentinel elements after each output
-
-class RopeTest : public GpuTest {
+class RopeTest : public GpuBufferTest {
  protected:
+  RopeTest() : GpuBufferTest(11, -2.0f, 2.0f) {}
+  // Floats and int32 positions, each padded with kSentinel (as T).
   template <typename T>
   gpu::Buffer upload(const std::vector<T>& v) {
-    gpu::Buffer b = ctx().alloc((v.size() + kPad) * 4);
-    std::vector<T> padded(v);
-    padded.resize(v.size() + kPad, static_cast<T>(kSentinel));
-    ctx().upload(b, padded);
-    bufs_.push_back(b);
-    return b;
-  }
-  std::vector<float> result(const gpu::Buffer& b, size_t n) {
-    auto v = ctx().download<float>(b, n + kPad);
-    for (uint32_t i = 0; i < kPad; ++i) EXPECT_EQ(v[n + i], kSentinel) << "write past the end at +" << i;
-    v.resize(n);
-    return v;
-  }
-  static void expect_close(const std::vector<float>& got, const std::vector<double>& want, double rtol) {
-    ASSERT_EQ(got.size(), want.size());
-    size_t bad = 0;
-    for (size_t i = 0; i < got.size(); ++i)
-      if (!(std::abs(got[i] - want[i]) <= rtol * (1.0 + std::abs(want[i]))) && bad++ < 5)
-        ADD_FAILURE() << "element " << i << ": " << got[i] << " vs " << want[i];
-    EXPECT_EQ(bad, 0u);
-  }
-  std::vector<float> random(size_t n) {
-    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-    std::vector<float> v(n);
-    for (auto& x : v) x = u(rng_);
-    return v;
+    return GpuBufferTest::upload(v, static_cast<T>(kSentinel));
   }
   // Positions of packed segments (restarting at 0) mixed with large ones.
   std::vector<int32_t> positions(uint32_t tokens) {
@@ -61,15 +35,7 @@ class RopeTest : public GpuTest {
     ref::rope_inv_freq_default(d.data(), head_dim, theta);
     return {d.begin(), d.end()};
   }
-  void TearDown() override {
-    for (auto& b : bufs_) ctx().free(b);
-    GpuTest::TearDown();
-  }
-  std::mt19937 rng_{11};
-  std::vector<gpu::Buffer> bufs_;
 };
-
-std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 struct Shape {
   uint32_t tokens, heads, head_dim;

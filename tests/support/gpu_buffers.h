@@ -1,0 +1,75 @@
+// Helpers shared by the GPU op tests (tests/ops): seeded random inputs, uploads followed by
+// sentinel padding, downloads that check the sentinels (catching writes past the end), a
+// relative-error comparison against double-precision references, and buffers freed in TearDown.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "support/gpu_fixture.h"
+
+namespace forja::test {
+
+inline constexpr float kSentinel = 777.25f;
+inline constexpr uint32_t kPad = 16;  // sentinel elements after each output
+
+inline std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// A GpuTest whose buffers are freed at TearDown. `seed` seeds rng_; random(n) draws from
+// [lo, hi).
+class GpuBufferTest : public GpuTest {
+ protected:
+  explicit GpuBufferTest(uint32_t seed, float lo = -1.0f, float hi = 1.0f) : rng_(seed), lo_(lo), hi_(hi) {}
+
+  std::vector<float> random(size_t n) { return random(n, lo_, hi_); }
+  std::vector<float> random(size_t n, float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = u(rng_);
+    return v;
+  }
+  // Uploads v followed by kPad elements of `pad`.
+  template <typename T>
+  gpu::Buffer upload(const std::vector<T>& v, T pad) {
+    gpu::Buffer b = ctx().alloc((v.size() + kPad) * sizeof(T));
+    std::vector<T> padded(v);
+    padded.resize(v.size() + kPad, pad);
+    ctx().upload(b, padded);
+    bufs_.push_back(b);
+    return b;
+  }
+  gpu::Buffer upload(const std::vector<float>& v) { return upload(v, kSentinel); }
+  // n NaNs followed by the sentinels.
+  gpu::Buffer output(size_t n) { return upload(std::vector<float>(n, std::nanf(""))); }
+  // Downloads n values and checks the sentinels after them.
+  std::vector<float> result(const gpu::Buffer& b, size_t n) {
+    auto v = ctx().download<float>(b, n + kPad);
+    for (uint32_t i = 0; i < kPad; ++i) EXPECT_EQ(v[n + i], kSentinel) << "write past the end at +" << i;
+    v.resize(n);
+    return v;
+  }
+  // |got - want| <= rtol * (1 + |want|) element by element; reports the first five misses.
+  static void expect_close(const std::vector<float>& got, const std::vector<double>& want, double rtol) {
+    ASSERT_EQ(got.size(), want.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (!(std::abs(got[i] - want[i]) <= rtol * (1.0 + std::abs(want[i]))) && bad++ < 5)
+        ADD_FAILURE() << "element " << i << ": " << got[i] << " vs " << want[i];
+    EXPECT_EQ(bad, 0u);
+  }
+  void TearDown() override {
+    for (auto& b : bufs_) ctx().free(b);
+    GpuTest::TearDown();
+  }
+
+  std::mt19937 rng_;
+  std::vector<gpu::Buffer> bufs_;
+
+ private:
+  float lo_, hi_;
+};
+
+}  // namespace forja::test
