@@ -3,7 +3,7 @@
 // does with Hugging Face tokenizers, and prints MB/s, the token count and the sha256 of all ids
 // (little-endian int32) so both can be compared for exactness over the whole text.
 //
-// Build (from the repo root; see docs/benchmarks-tokenizer.md):
+// Build (from the repo root; see docs/benchmarks.md, "Tokenizer"):
 //   g++ -std=c++20 -O2 -DNDEBUG -Isrc tests/data/tokenizer_bench.cc src/data/tokenizer.cpp \
 //       src/data/utf8.cpp -o build-data/tokenizer_bench -Wl,-Bstatic -lpcre2-8 -lutf8proc \
 //       -Wl,-Bdynamic -static-libstdc++ -static-libgcc
