@@ -158,7 +158,7 @@ forja::cli::CommandRegistration reg{"bench-gemm", 80, [](CLI::App& app) {
     std::printf("forja bench gemm on %s: C[M,N] fp32 = A[M,K] * op(B), NT: B stored [N,K] (y = x W^T), "
                 "NN: B stored [K,N] (dx = dy W)\n",
                 ctx->info().name.c_str());
-    std::printf("%-18s %-16s %-16s %10s %6s\n", "MxNxK", "shape", "variant", "TFLOP/s", "check");
+    std::printf("%-18s %-16s %-16s %10s %10s %6s\n", "MxNxK", "shape", "variant", "TFLOP/s", "GFLOP/s", "check");
     for (const auto& s : sizes)
       for (const auto& v : variants) {
         if (!o->only.empty() && v.name.find(o->only) == std::string::npos) continue;
@@ -166,7 +166,8 @@ forja::cli::CommandRegistration reg{"bench-gemm", 80, [](CLI::App& app) {
         double tf = run_one(*ctx, s, v, o->iters, o->reps, ok);
         char dims[64];
         std::snprintf(dims, sizeof dims, "%ux%ux%u", s.m, s.n, s.k);
-        std::printf("%-18s %-16s %-16s %10.2f %6s\n", dims, s.label.c_str(), v.name.c_str(), tf, ok ? "ok" : "WRONG");
+        std::printf("%-18s %-16s %-16s %10.2f %10.1f %6s\n", dims, s.label.c_str(), v.name.c_str(), tf, tf * 1e3,
+                    ok ? "ok" : "WRONG");
         std::fflush(stdout);
         if (!ok) return 1;
       }
