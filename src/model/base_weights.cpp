@@ -113,7 +113,8 @@ void free_base_weights(gpu::Context& ctx, BaseWeights& w) {
     }
   }
   w.layers.clear();
-  if (w.lm_head.valid() && w.lm_head.offset != w.embedding.offset) release(w.lm_head);
+  const bool tied = w.lm_head.buffer == w.embedding.buffer && w.lm_head.offset == w.embedding.offset;
+  if (!tied) release(w.lm_head);
   w.lm_head = {};
   release(w.embedding);
   release(w.final_norm);

@@ -5,6 +5,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -74,6 +75,21 @@ std::vector<model::TokenBatch> read_batches(const fs::path& p) {
     out.push_back(std::move(b));
   }
   return out;
+}
+
+std::pair<uint32_t, uint32_t> max_batch_shape(const std::vector<model::TokenBatch>& batches) {
+  uint32_t max_b = 0, max_s = 0;
+  for (const auto& b : batches) {
+    max_b = std::max(max_b, b.batch);
+    max_s = std::max(max_s, b.seq);
+  }
+  return {max_b, max_s};
+}
+
+void expect_losses_match(const std::vector<double>& losses, const fs::path& losses_json) {
+  const auto ref = read_json(losses_json).at("losses").get<std::vector<double>>();
+  ASSERT_EQ(losses.size(), ref.size());
+  for (size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], ref[i], 1e-4 * std::abs(ref[i])) << "step " << i;
 }
 
 double rel_error(const std::vector<float>& got, const std::vector<float>& want) {

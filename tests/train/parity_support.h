@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/context.h"
@@ -24,6 +25,10 @@ void run_once(const std::string& command, const std::filesystem::path& marker);
 nlohmann::json read_json(const std::filesystem::path& p);
 // batch.json -> micro-batches with targets shifted from the labels.
 std::vector<model::TokenBatch> read_batches(const std::filesystem::path& p);
+// The largest batch and sequence length among `batches` (what the Transformer must plan for).
+std::pair<uint32_t, uint32_t> max_batch_shape(const std::vector<model::TokenBatch>& batches);
+// Each loss within 1e-4 relative of the reference's losses.json.
+void expect_losses_match(const std::vector<double>& losses, const std::filesystem::path& losses_json);
 double rel_error(const std::vector<float>& got, const std::vector<float>& want);
 
 // Trains as the reference did (run.json: lr, betas, eps, weight decay, clipping, schedule,

@@ -83,19 +83,12 @@ TEST_F(ParityNf4, Qwen3TrainsOnNf4LikeTheReferenceOnDequantisedWeights) {
   lora.load(initial);
 
   const std::vector<model::TokenBatch> batches = read_batches(src_case / "batch.json");
-  uint32_t max_b = 0, max_s = 0;
-  for (const auto& b : batches) {
-    max_b = std::max(max_b, b.batch);
-    max_s = std::max(max_s, b.seq);
-  }
+  const auto [max_b, max_s] = max_batch_shape(batches);
   {
     model::Transformer tf(ctx(), base, lora, max_b, max_s, /*grad_checkpointing=*/true);
     const std::vector<double> losses = train_like_reference(
         ctx(), tf, lora, batches, run, io::SafetensorsFile::open(dir / "ref" / "step0_grads.safetensors"));
-    const auto ref = read_json(dir / "ref" / "losses.json").at("losses").get<std::vector<double>>();
-    ASSERT_EQ(losses.size(), ref.size());
-    for (size_t i = 0; i < losses.size(); ++i)
-      EXPECT_NEAR(losses[i], ref[i], 1e-4 * std::abs(ref[i])) << "step " << i;
+    expect_losses_match(losses, dir / "ref" / "losses.json");
   }
   model::free_base_weights(ctx(), base);
 }
