@@ -55,9 +55,22 @@ bool coopmat_available(const gpu::Context& ctx) {
          !gpu::env_flag("FORJA_NO_COOPMAT");
 }
 
-ScalarTile scalar_tile(const gpu::Context& ctx, const GemmShape& s) {
-  if (ctx.info().is_cpu() || s.m < 128 || s.n < 128) return {64, 64, 16, 4, 4};
-  return {128, 128, 8, 8, 8};
+bool is_scalar(GemmKernel k) {
+  return k == GemmKernel::scalar || k == GemmKernel::scalar_t64 || k == GemmKernel::scalar_t128;
+}
+
+const ScalarTile kScalarT64{64, 64, 16, 4, 4}, kScalarT128{128, 128, 8, 8, 8};
+
+ScalarTile scalar_tile(const GemmShape& s, GemmKernel kernel) {
+  if (kernel == GemmKernel::scalar_t64) return kScalarT64;
+  if (kernel == GemmKernel::scalar_t128) return kScalarT128;
+  // The 128x128 tile does twice the FMAs per shared-memory load of the 64x64 one, but only
+  // pays when there are enough workgroups to keep every compute unit busy: with fewer, the
+  // device runs a partial wave and idles (wave quantisation). 128 workgroups fill the largest
+  // GPUs (H200: 132 SMs) at least once; smaller products take the 64x64 tile (4x the groups).
+  const uint64_t groups128 = uint64_t((s.m + 127) / 128) * ((s.n + 127) / 128) * s.batch;
+  if (s.m < 128 || s.n < 128 || groups128 < 128) return kScalarT64;
+  return kScalarT128;
 }
 
 CoopTile coop_tile(const GemmShape& s, bool emulated) {
@@ -133,10 +146,19 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
                                         {ob.binding, gpu::Access::read},
                                         {oc.binding, s.beta != 0.0f ? gpu::Access::read_write : gpu::Access::write}};
 
-  if (kernel == GemmKernel::scalar) {
-    const ScalarTile t = scalar_tile(ctx, s);
+  if (is_scalar(kernel)) {
+    const ScalarTile t = scalar_tile(s, kernel);
+    // 4-element chunks (vec4 loads and stores) need every chunk of the stored rows to be aligned
+    // and wholly inside or wholly outside the matrix (see gemm.comp).
+    const uint64_t a_contig = s.trans_a ? s.m : s.k, b_contig = s.trans_b ? s.k : s.n;
+    auto chunks_ok = [&](uint64_t ld, uint64_t offset, uint64_t stride, uint64_t contig) {
+      return ld % 4 == 0 && offset % 4 == 0 && (s.batch == 1 || stride % 4 == 0) && contig % 4 == 0;
+    };
+    const bool vec_a = chunks_ok(a.ld, oa.offset, s.a_stride, a_contig);
+    const bool vec_b = chunks_ok(b.ld, ob.offset, s.b_stride, b_contig);
+    const bool vec_c = chunks_ok(c.ld, oc.offset, s.c_stride, s.n);
     const std::string variant = std::string(a.dtype == DType::f16 ? "gemm_f16_t" : "gemm_f32_t") + std::to_string(t.bm);
-    const auto& p = ctx.pipelines().get(variant, 3, sizeof(GemmPush), {s.trans_a, s.trans_b});
+    const auto& p = ctx.pipelines().get(variant, 3, sizeof(GemmPush), {s.trans_a, s.trans_b, vec_a, vec_b, vec_c});
     ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch,
                  a.dtype == DType::f16 ? "gemm_f16" : "gemm_f32", flops);
     return;
@@ -166,6 +188,8 @@ std::string gemm_kernel_name(GemmKernel k) {
   switch (k) {
     case GemmKernel::automatic: return "automatic";
     case GemmKernel::scalar: return "scalar";
+    case GemmKernel::scalar_t64: return "scalar-t64";
+    case GemmKernel::scalar_t128: return "scalar-t128";
     case GemmKernel::coopmat: return "coopmat";
     case GemmKernel::coopmat_emulated: return "coopmat-emulated";
   }
@@ -185,7 +209,7 @@ void gemm(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const Matr
     throw std::logic_error("gemm: the cooperative-matrix kernel takes fp16 operands");
   if (kernel == GemmKernel::coopmat && !coopmat_available(ctx))
     throw std::logic_error("gemm: the cooperative-matrix kernel is not available on this device");
-  if (s.k == 0) {
+  if (s.k == 0 && !is_scalar(kernel)) {
     // C = beta * C: the scalar kernel handles K = 0 (no K tiles) exactly.
     kernel = GemmKernel::scalar;
   }

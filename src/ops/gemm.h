@@ -37,7 +37,8 @@ struct GemmShape {
   uint64_t a_stride = 0, b_stride = 0, c_stride = 0;
 };
 
-enum class GemmKernel { automatic, scalar, coopmat, coopmat_emulated };
+// scalar picks its tile by the shape; scalar_t64 / scalar_t128 force one (tests, benchmarks).
+enum class GemmKernel { automatic, scalar, scalar_t64, scalar_t128, coopmat, coopmat_emulated };
 
 // The kernel `automatic` resolves to for these operand types on this device.
 GemmKernel gemm_kernel_for(const gpu::Context& ctx, DType operands);

@@ -89,6 +89,7 @@ void fused_gemm(gpu::Context& ctx, const gpu::Buffer& a, const Nf4Weight& w, con
                            " rows of the " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " weight");
   if (m == 0) return;
   if (kernel == GemmKernel::automatic) kernel = nf4_gemm_kernel_for(ctx);
+  if (kernel == GemmKernel::scalar_t64 || kernel == GemmKernel::scalar_t128) kernel = GemmKernel::scalar;
   if (kernel == GemmKernel::coopmat && !coopmat_available(ctx))
     throw std::logic_error(std::string(op) + ": the cooperative-matrix kernel is not available on this device");
 

@@ -31,12 +31,33 @@ std::string case_name(const Case& c) {
          (c.tb ? " Bt" : " B") + " alpha " + std::to_string(c.alpha) + " beta " + std::to_string(c.beta);
 }
 
+// How the operands are laid out in their buffers. The default pads every leading dimension
+// to an odd length (A: 8 more for fp16), so no row starts 4-element aligned and the scalar
+// kernel takes its element-by-element loads; aligned() makes every row, offset and batch
+// stride a multiple of 4 (its vec4 chunk loads, when the contiguous extents allow).
+struct Layout {
+  uint32_t lda_pad = 3, ldb_pad = 5, ldc_pad = 2;  // leading dimension = stored row length + pad
+  uint32_t a_offset = 0, b_offset = 0;             // elements before batch 0 of A, B
+  uint32_t batch = 1;
+  uint32_t stride_pad = 0;  // elements between the batches of A and B beyond the matrices
+  static Layout aligned() { return {4, 4, 4, 0, 0, 1, 0}; }
+};
+
 class GemmTest : public GpuTest {
  protected:
   // Runs one product and checks it. `exact_values`: inputs from {-0.5, 0, 0.5, 1}, so every
   // product and partial sum is exact in fp32 and the result must equal the reference exactly.
   void run(const Case& c, DType dtype, GemmKernel kernel, bool exact_values, uint32_t seed = 1) {
-    SCOPED_TRACE(case_name(c) + " " + ops::gemm_kernel_name(kernel) + (dtype == DType::f16 ? " f16" : " f32"));
+    Layout l;
+    if (dtype == DType::f16) l.lda_pad = 8;
+    run(c, dtype, kernel, exact_values, l, seed);
+  }
+  void run(const Case& c, DType dtype, GemmKernel kernel, bool exact_values, const Layout& l, uint32_t seed = 1) {
+    SCOPED_TRACE(case_name(c) + " " + ops::gemm_kernel_name(kernel) + (dtype == DType::f16 ? " f16" : " f32") +
+                 " pads " + std::to_string(l.lda_pad) + "," + std::to_string(l.ldb_pad) + "," +
+                 std::to_string(l.ldc_pad) + " offsets " + std::to_string(l.a_offset) + "," +
+                 std::to_string(l.b_offset) + " batch " + std::to_string(l.batch) + " stride pad " +
+                 std::to_string(l.stride_pad));
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     std::uniform_int_distribution<int> pick(0, 3);
@@ -49,20 +70,30 @@ class GemmTest : public GpuTest {
     // Stored shapes with padded leading dimensions (ld > row length) to test strides.
     const uint32_t a_rows = c.ta ? c.k : c.m, a_cols = c.ta ? c.m : c.k;
     const uint32_t b_rows = c.tb ? c.n : c.k, b_cols = c.tb ? c.k : c.n;
-    const uint32_t lda = a_cols + (dtype == DType::f16 ? 8 : 3), ldb = b_cols + 5, ldc = c.n + 2;
-    const uint32_t c_pad = 7;  // sentinel rows before and after C
-    std::vector<float> a(size_t(a_rows) * lda), b(size_t(b_rows) * ldb);
+    const uint32_t lda = a_cols + l.lda_pad, ldb = b_cols + l.ldb_pad, ldc = c.n + l.ldc_pad;
+    const uint64_t a_stride = uint64_t(a_rows) * lda + l.stride_pad, b_stride = uint64_t(b_rows) * ldb + l.stride_pad;
+    const uint32_t c_pad = 8;  // sentinel rows before, between and after the batches of C
+    const uint64_t c_stride = uint64_t(c.m + c_pad) * ldc;
+    std::vector<float> a(l.a_offset + l.batch * a_stride), b(l.b_offset + l.batch * b_stride);
     for (auto& v : a) v = draw();
     for (auto& v : b) v = draw();
-    std::vector<float> cmat(size_t(c.m + 2 * c_pad) * ldc, kSentinel);
-    for (uint32_t i = 0; i < c.m; ++i)
-      for (uint32_t j = 0; j < c.n; ++j) cmat[(c_pad + i) * ldc + j] = c.beta != 0 ? draw() : std::nanf("");
+    std::vector<float> cmat(size_t(c_pad) * ldc + l.batch * c_stride, kSentinel);
+    auto c_at = [&](uint32_t bi, uint32_t i, uint32_t j) -> float& {
+      return cmat[size_t(c_pad) * ldc + bi * c_stride + size_t(i) * ldc + j];
+    };
+    for (uint32_t bi = 0; bi < l.batch; ++bi)
+      for (uint32_t i = 0; i < c.m; ++i)
+        for (uint32_t j = 0; j < c.n; ++j) c_at(bi, i, j) = c.beta != 0 ? draw() : std::nanf("");
 
     std::vector<double> ad(a.begin(), a.end()), bd(b.begin(), b.end());
-    std::vector<double> cd(size_t(c.m) * ldc, 0.0);
-    for (uint32_t i = 0; i < c.m; ++i)
-      for (uint32_t j = 0; j < c.n; ++j) cd[i * ldc + j] = cmat[(c_pad + i) * ldc + j];
-    ref::gemm_ld(cd.data(), ldc, ad.data(), lda, bd.data(), ldb, c.m, c.n, c.k, c.ta, c.tb, c.alpha, c.beta);
+    std::vector<double> cd(size_t(l.batch) * c.m * ldc, 0.0);  // batch bi at bi * m * ldc
+    for (uint32_t bi = 0; bi < l.batch; ++bi) {
+      double* cb = cd.data() + size_t(bi) * c.m * ldc;
+      for (uint32_t i = 0; i < c.m; ++i)
+        for (uint32_t j = 0; j < c.n; ++j) cb[size_t(i) * ldc + j] = c_at(bi, i, j);
+      ref::gemm_ld(cb, ldc, ad.data() + l.a_offset + bi * a_stride, lda, bd.data() + l.b_offset + bi * b_stride, ldb,
+                   c.m, c.n, c.k, c.ta, c.tb, c.alpha, c.beta);
+    }
 
     auto upload_operand = [&](const std::vector<float>& v) {
       gpu::Buffer buf = ctx().alloc(v.size() * ops::dtype_bytes(dtype) + 64);
@@ -79,29 +110,30 @@ class GemmTest : public GpuTest {
     gpu::Buffer gc = ctx().alloc(cmat.size() * 4);
     ctx().upload(gc, cmat);
 
-    ops::GemmShape shape{c.m, c.n, c.k, c.ta, c.tb, c.alpha, c.beta};
-    ops::gemm(ctx(), shape, {ga, dtype, 0, lda}, {gb, dtype, 0, ldb}, {gc, DType::f32, uint64_t(c_pad) * ldc, ldc},
-              kernel);
+    ops::GemmShape shape{c.m, c.n, c.k, c.ta, c.tb, c.alpha, c.beta, l.batch, a_stride, b_stride, c_stride};
+    ops::gemm(ctx(), shape, {ga, dtype, l.a_offset, lda}, {gb, dtype, l.b_offset, ldb},
+              {gc, DType::f32, uint64_t(c_pad) * ldc, ldc}, kernel);
     auto out = ctx().download<float>(gc, cmat.size());
     ctx().free(ga);
     ctx().free(gb);
     ctx().free(gc);
 
     size_t bad = 0;
-    for (uint32_t r = 0; r < c.m + 2 * c_pad; ++r) {
+    const size_t rows = cmat.size() / ldc;
+    for (size_t r = 0; r < rows; ++r) {
+      const size_t rb = r < c_pad ? 0 : (r - c_pad) / (c.m + c_pad), ri = r < c_pad ? 0 : (r - c_pad) % (c.m + c_pad);
       for (uint32_t j = 0; j < ldc; ++j) {
-        const float got = out[size_t(r) * ldc + j];
-        const bool inside = r >= c_pad && r < c_pad + c.m && j < c.n;
+        const float got = out[r * ldc + j];
+        const bool inside = r >= c_pad && rb < l.batch && ri < c.m && j < c.n;
         if (!inside) {
           if (got != kSentinel && bad++ < 5) ADD_FAILURE() << "write outside C at row " << r << " col " << j;
           continue;
         }
-        const uint32_t i = r - c_pad;
-        const double want = cd[size_t(i) * ldc + j];
+        const double want = cd[(rb * c.m + ri) * ldc + j];
         // fp32 accumulation of k terms of magnitude <= 1: error grows like k * eps32.
         const double tol = exact_values ? 0.0 : 1e-6 * (c.k + 4) * (std::abs(c.alpha) + std::abs(c.beta) + 1);
         if (!(std::abs(got - want) <= tol) && bad++ < 5)
-          ADD_FAILURE() << "C[" << i << "," << j << "] = " << got << ", want " << want;
+          ADD_FAILURE() << "C[" << rb << "][" << ri << "," << j << "] = " << got << ", want " << want;
       }
     }
     EXPECT_EQ(bad, 0u);
@@ -132,12 +164,68 @@ TEST_F(GemmTest, ScalarF16AllTransposes) {
   run({1000, 3, 777, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::scalar, false);
 }
 
+// Both scalar tiles, whatever the automatic choice on this device, on the awkward sizes.
+TEST_F(GemmTest, ScalarEachTileAllTransposes) {
+  for (GemmKernel kernel : {GemmKernel::scalar_t64, GemmKernel::scalar_t128})
+    for (DType dtype : {DType::f32, DType::f16})
+      for (const Case& c : awkward_cases()) run(c, dtype, kernel, false);
+}
+
+// The vec4 chunk path (aligned rows and offsets, contiguous extents multiples of 4) next to
+// the element path on the same shapes: misaligned offsets of A or B, odd leading dimensions,
+// contiguous extents that are not multiples of 4. Sizes are not tile multiples (M, N) and K
+// ends in a partial K step for both tiles.
+TEST_F(GemmTest, ScalarVectorAndElementLoads) {
+  for (GemmKernel kernel : {GemmKernel::scalar_t64, GemmKernel::scalar_t128})
+    for (DType dtype : {DType::f32, DType::f16})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          run({132, 68, 36, ta, tb, 1.0f, 0.0f}, dtype, kernel, true, Layout::aligned());
+          run({260, 196, 44, ta, tb, 0.5f, -1.0f}, dtype, kernel, false, Layout::aligned());
+          run({4, 4, 4, ta, tb, 1.0f, 0.0f}, dtype, kernel, true, Layout::aligned());
+          run({131, 67, 35, ta, tb, 1.0f, 0.5f}, dtype, kernel, true, Layout::aligned());
+        }
+  // One operand (or C) off the 4-element grid, the others on it.
+  Layout misaligned_a = Layout::aligned(), misaligned_b = Layout::aligned(), odd_c = Layout::aligned();
+  misaligned_a.a_offset = 2;
+  misaligned_b.b_offset = 1;
+  odd_c.ldc_pad = 1;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      run({132, 68, 36, ta, tb, 1.0f, 0.5f}, DType::f32, GemmKernel::scalar_t128, true, misaligned_a);
+      run({132, 68, 36, ta, tb, 1.0f, 0.0f}, DType::f32, GemmKernel::scalar_t128, true, misaligned_b);
+      run({132, 68, 36, ta, tb, 1.0f, 0.5f}, DType::f32, GemmKernel::scalar_t128, true, odd_c);
+    }
+  run({132, 68, 36, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::scalar_t64, true, misaligned_a);
+  run({132, 68, 36, true, false, 1.0f, 0.0f}, DType::f16, GemmKernel::scalar_t64, true, misaligned_b);
+}
+
+// Strided batches (gl_WorkGroupID.z): batch strides that keep the vec4 alignment and ones that
+// break it, with sentinel rows between the batches of C.
+TEST_F(GemmTest, ScalarBatches) {
+  Layout aligned = Layout::aligned(), odd_stride = Layout::aligned();
+  aligned.batch = odd_stride.batch = 3;
+  odd_stride.stride_pad = 1;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      run({72, 136, 40, ta, tb, 1.0f, 0.0f}, DType::f32, GemmKernel::scalar_t128, true, aligned);
+      run({72, 136, 40, ta, tb, 1.0f, 0.5f}, DType::f32, GemmKernel::scalar_t64, false, odd_stride);
+    }
+  run({72, 136, 40, false, true, 2.0f, 0.0f}, DType::f16, GemmKernel::scalar_t64, true, aligned);
+  run({72, 136, 40, true, false, 2.0f, 0.0f}, DType::f16, GemmKernel::scalar_t128, true, odd_stride);
+  Layout legacy;
+  legacy.batch = 2;
+  run({17, 33, 65, false, true, 1.0f, 1.0f}, DType::f32, GemmKernel::scalar, false, legacy);
+}
+
 TEST_F(GemmTest, ZeroKScalesC) {
   run({9, 11, 0, false, true, 1.0f, 0.5f}, DType::f32, GemmKernel::scalar, true);
+  run({8, 12, 0, false, true, 1.0f, 0.5f}, DType::f32, GemmKernel::scalar_t128, true, Layout::aligned());
 }
 
 TEST_F(GemmTest, ScalarExactValuesBitExact) {
   run({64, 64, 64, false, true, 1.0f, 0.0f}, DType::f32, GemmKernel::scalar, true);
+  run({256, 256, 64, false, true, 1.0f, 0.0f}, DType::f32, GemmKernel::scalar_t128, true, Layout::aligned());
 }
 
 // The cooperative-matrix kernel's tiling and addressing, with the matrix operations emulated by
