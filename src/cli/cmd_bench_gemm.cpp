@@ -56,6 +56,7 @@ struct Variant {
   bool trans_b;
 };
 
+// Best seconds per product.
 double run_one(forja::gpu::Context& ctx, const BenchSize& s, const Variant& v, int iters, int reps, bool& ok) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
@@ -121,7 +122,7 @@ double run_one(forja::gpu::Context& ctx, const BenchSize& s, const Variant& v, i
   ctx.free(ga);
   ctx.free(gb);
   ctx.free(gc);
-  return 2.0 * s.m * s.n * s.k / best / 1e12;
+  return best;
 }
 
 forja::cli::CommandRegistration reg{"bench-gemm", 80, [](CLI::App& app) {
@@ -135,7 +136,7 @@ forja::cli::CommandRegistration reg{"bench-gemm", 80, [](CLI::App& app) {
   struct Opts {
     std::string sizes;
     int iters = 10, reps = 5, device = -1;
-    bool small = false;
+    bool small = false, tiles = false;
     std::string only;
   };
   auto o = std::make_shared<Opts>();
@@ -143,14 +144,23 @@ forja::cli::CommandRegistration reg{"bench-gemm", 80, [](CLI::App& app) {
   cmd->add_option("--iters", o->iters, "Minimum products per timed repetition (more when needed to run 50 ms)")->check(CLI::Range(1, 10000));
   cmd->add_option("--reps", o->reps, "Timed repetitions (best is reported)")->check(CLI::Range(1, 1000));
   cmd->add_flag("--small", o->small, "Small sizes (for CPU drivers such as lavapipe)");
+  cmd->add_flag("--tiles", o->tiles, "Also each scalar tile on its own (t64, t128), besides the automatic choice");
   cmd->add_option("--only", o->only, "Only variants whose name contains this");
   cmd->add_option("--device", o->device, "Vulkan device index");
   return [o, cmd]() -> int {
     if (!cmd->parsed()) return -1;
     auto ctx = forja::gpu::Context::create(o->device);
     std::vector<BenchSize> sizes = o->sizes.empty() ? default_sizes(o->small) : parse_sizes(o->sizes);
-    std::vector<Variant> variants = {{"scalar f32 NT", DType::f32, GemmKernel::scalar, true},
-                                     {"scalar f16 NT", DType::f16, GemmKernel::scalar, true}};
+    std::vector<Variant> variants;
+    for (DType dt : {DType::f32, DType::f16})
+      for (bool tb : {true, false}) {
+        const std::string name = std::string("scalar ") + (dt == DType::f32 ? "f32 " : "f16 ") + (tb ? "NT" : "NN");
+        variants.push_back({name, dt, GemmKernel::scalar, tb});
+        if (o->tiles) {
+          variants.push_back({name + " t64", dt, GemmKernel::scalar_t64, tb});
+          variants.push_back({name + " t128", dt, GemmKernel::scalar_t128, tb});
+        }
+      }
     if (forja::ops::gemm_kernel_for(*ctx, DType::f16) == GemmKernel::coopmat) {
       variants.push_back({"coopmat f16 NT", DType::f16, GemmKernel::coopmat, true});
       variants.push_back({"coopmat f16 NN", DType::f16, GemmKernel::coopmat, false});
@@ -158,16 +168,18 @@ forja::cli::CommandRegistration reg{"bench-gemm", 80, [](CLI::App& app) {
     std::printf("forja bench gemm on %s: C[M,N] fp32 = A[M,K] * op(B), NT: B stored [N,K] (y = x W^T), "
                 "NN: B stored [K,N] (dx = dy W)\n",
                 ctx->info().name.c_str());
-    std::printf("%-18s %-16s %-16s %10s %10s %6s\n", "MxNxK", "shape", "variant", "TFLOP/s", "GFLOP/s", "check");
+    std::printf("%-18s %-16s %-21s %10s %10s %10s %6s\n", "MxNxK", "shape", "variant", "ms", "TFLOP/s", "GFLOP/s",
+                "check");
     for (const auto& s : sizes)
       for (const auto& v : variants) {
         if (!o->only.empty() && v.name.find(o->only) == std::string::npos) continue;
         bool ok = false;
-        double tf = run_one(*ctx, s, v, o->iters, o->reps, ok);
+        const double seconds = run_one(*ctx, s, v, o->iters, o->reps, ok);
+        const double tf = 2.0 * s.m * s.n * s.k / seconds / 1e12;
         char dims[64];
         std::snprintf(dims, sizeof dims, "%ux%ux%u", s.m, s.n, s.k);
-        std::printf("%-18s %-16s %-16s %10.2f %10.1f %6s\n", dims, s.label.c_str(), v.name.c_str(), tf, tf * 1e3,
-                    ok ? "ok" : "WRONG");
+        std::printf("%-18s %-16s %-21s %10.3f %10.2f %10.2f %6s\n", dims, s.label.c_str(), v.name.c_str(),
+                    seconds * 1e3, tf, tf * 1e3, ok ? "ok" : "WRONG");
         std::fflush(stdout);
         if (!ok) return 1;
       }

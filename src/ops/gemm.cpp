@@ -61,15 +61,18 @@ bool is_scalar(GemmKernel k) {
 
 const ScalarTile kScalarT64{64, 64, 16, 4, 4}, kScalarT128{128, 128, 8, 8, 8};
 
-ScalarTile scalar_tile(const GemmShape& s, GemmKernel kernel) {
+ScalarTile scalar_tile(const gpu::Context& ctx, const GemmShape& s, GemmKernel kernel) {
   if (kernel == GemmKernel::scalar_t64) return kScalarT64;
   if (kernel == GemmKernel::scalar_t128) return kScalarT128;
-  // The 128x128 tile does twice the FMAs per shared-memory load of the 64x64 one, but only
-  // pays when there are enough workgroups to keep every compute unit busy: with fewer, the
-  // device runs a partial wave and idles (wave quantisation). 128 workgroups fill the largest
-  // GPUs (H200: 132 SMs) at least once; smaller products take the 64x64 tile (4x the groups).
+  if (s.m < 128 || s.n < 128) return kScalarT64;
+  // The 128x128 tile does twice the FMAs per shared-memory load of the 64x64 one and half the
+  // global-memory traffic per FMA, but on a GPU it only pays when there are enough workgroups
+  // to keep every compute unit busy: with fewer, part of the device idles (wave quantisation). 128 workgroups fill the largest GPUs
+  // (H200: 132 SMs) at least once; smaller products take the 64x64 tile (4x the workgroups).
+  // A CPU driver runs a few workgroups at a time and gains from the larger tile regardless
+  // (lavapipe: twice as fast at 512^3).
   const uint64_t groups128 = uint64_t((s.m + 127) / 128) * ((s.n + 127) / 128) * s.batch;
-  if (s.m < 128 || s.n < 128 || groups128 < 128) return kScalarT64;
+  if (!ctx.info().is_cpu() && groups128 < 128) return kScalarT64;
   return kScalarT128;
 }
 
@@ -147,7 +150,7 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
                                         {oc.binding, s.beta != 0.0f ? gpu::Access::read_write : gpu::Access::write}};
 
   if (is_scalar(kernel)) {
-    const ScalarTile t = scalar_tile(s, kernel);
+    const ScalarTile t = scalar_tile(ctx, s, kernel);
     // 4-element chunks (vec4 loads and stores) need every chunk of the stored rows to be aligned
     // and wholly inside or wholly outside the matrix (see gemm.comp).
     const uint64_t a_contig = s.trans_a ? s.m : s.k, b_contig = s.trans_b ? s.k : s.n;
