@@ -4,20 +4,25 @@
 //   TB = 0 (input gradient): C [M, N] = alpha * A [M, K] * W   + beta * C,  W [K, N] NF4
 // A and C are fp32 row-major views (leading dimension and element offset in the push constants).
 // The weight W (rows x cols, row-major, see nf4_common.glsl) is never dequantised as a whole:
-// each BN x BK tile of op(W) is decoded element by element (nibble, absmax) while it is loaded,
-// and staged in shared memory as fp32, exactly as gemm.comp stages its B operand.
+// each 4-element chunk of a tile of op(W) is decoded (nibbles, absmax) while it is loaded and
+// staged in shared memory as fp32, exactly as gemm.comp stages its B operand. Tiling and main
+// loop: gemm_scalar_core.glsl. Loads outside the matrices read as zero, stores outside C are
+// skipped, so any M, N, K works.
 //
-// Tiling as gemm.comp: a workgroup computes a BM x BN tile of C with (BM/TM) x (BN/TN)
-// invocations holding TM x TN accumulators; K advances BK at a time through double-buffered
-// shared tiles, the next tile fetched into registers during the multiplies. Loads outside the
-// matrices read as zero, stores outside C are skipped, so any M, N, K works.
-//! variant nf4_gemm_t64 -DBM=64 -DBN=64 -DBK=16 -DTM=4 -DTN=4
-//! variant nf4_gemm_t128 -DBM=128 -DBN=128 -DBK=8 -DTM=8 -DTN=8
+// VECA: A's chunks are single vec4 loads (lda, the offset and K multiples of 4). VECB: W's
+// stored rows (cols elements) are a multiple of 4 long, so a chunk is 4 nibbles of one packed
+// word inside one block of 64, decoded with one absmax. VECC: C read and written as vec4s.
+//! variant nf4_gemm_t64 -DBM=64 -DBN=64 -DBK=16 -DQM=1 -DQN=1
+//! variant nf4_gemm_t128 -DBM=128 -DBN=128 -DBK=8 -DQM=2 -DQN=2
 #extension GL_EXT_control_flow_attributes : require
 
-layout(local_size_x = (BM / TM) * (BN / TN)) in;
+layout(local_size_x = (BM / (4 * QM)) * (BN / (4 * QN))) in;
+const uint TA = 0;
 layout(constant_id = 0) const uint TB = 1;
 layout(constant_id = 1) const uint NF4_DQ = 0;
+layout(constant_id = 2) const uint VECA = 0;
+layout(constant_id = 3) const uint VECB = 0;
+layout(constant_id = 4) const uint VECC = 0;
 
 layout(push_constant) uniform Nf4GemmPush {
   uint M, N, K;
@@ -28,112 +33,64 @@ layout(push_constant) uniform Nf4GemmPush {
 } pc;
 float nf4_offset() { return pc.absmax_offset; }
 
-layout(set = 0, binding = 0) readonly buffer BufA { float A[]; };
+layout(set = 0, binding = 0) readonly buffer BufA4 { vec4 A4[]; };
+layout(set = 0, binding = 0) readonly buffer BufA1 { float A1[]; };
 #define NF4_PACKED_BINDING 1
 #define NF4_ABSMAX_BINDING 2
 #define NF4_NESTED_BINDING 3
 #define NF4_CODE8_BINDING 4
 #include "nf4_common.glsl"
-layout(set = 0, binding = 5) buffer BufC { float C[]; };
+layout(set = 0, binding = 5) buffer BufC4 { vec4 C4[]; };
+layout(set = 0, binding = 5) buffer BufC1 { float C1[]; };
 
-const uint NTX = BN / TN;           // invocations along N
-const uint NTY = BM / TM;           // along M
-const uint NT = NTX * NTY;
-const uint LA = (BM * BK + NT - 1) / NT;  // A elements each invocation loads per K tile
-const uint LB = (BN * BK + NT - 1) / NT;
-const uint SA = BM + 1;             // shared row stride (k-major rows), padded
-const uint SB = BN + 1;
-
-shared float As[2 * BK * SA];
-shared float Bs[2 * BK * SB];
-
-// Element x of the A tile at (m0, k0): its tile coordinates, chosen so that consecutive
-// invocations read consecutive addresses of the stored layout.
-void tile_coord_a(uint x, out uint m, out uint k) { m = x / BK; k = x % BK; }
-void tile_coord_b(uint x, out uint n, out uint k) {
-  if (TB == 1) { n = x / BK; k = x % BK; } else { k = x / BN; n = x % BN; }
+// Elements k..k+3 of row m of A, zero outside A.
+vec4 chunk_a(uint m, uint k) {
+  if (m >= pc.M || k >= pc.K) return vec4(0.0);
+  const uint e = pc.a_offset + m * pc.lda + k;
+  if (VECA == 1u) return A4[e >> 2];
+  vec4 v = vec4(0.0);
+  [[unroll]] for (uint q = 0; q < 4u; ++q)
+    if (k + q < pc.K) v[q] = A1[e + q];
+  return v;
+}
+// Elements c..c+3 of stored row r of W (TB = 1: row n, along k; TB = 0: row k, along n),
+// dequantised; zero outside W.
+vec4 chunk_b(uint r, uint c) {
+  const uint rows = TB == 1 ? pc.N : pc.K, cols = TB == 1 ? pc.K : pc.N;
+  if (r >= rows || c >= cols) return vec4(0.0);
+  const uint e = r * cols + c;
+  if (VECB == 1u) {
+    // e % 4 == 0: the 4 codes are the 2 bytes at byte (e/2) % 4 of word e/8, even elements in
+    // the high nibbles.
+    const uint bytes = nf4_packed[e >> 3] >> (8u * ((e >> 1) & 3u));
+    const float absmax = nf4_block_absmax(e >> 6);
+    return vec4(NF4_CODE[(bytes >> 4) & 0xfu], NF4_CODE[bytes & 0xfu], NF4_CODE[(bytes >> 12) & 0xfu],
+                NF4_CODE[(bytes >> 8) & 0xfu]) * absmax;
+  }
+  vec4 v = vec4(0.0);
+  [[unroll]] for (uint q = 0; q < 4u; ++q)
+    if (c + q < cols) v[q] = nf4_value(e + q);
+  return v;
 }
 
-float fetch_a(uint m, uint k) {
-  if (m >= pc.M || k >= pc.K) return 0.0;
-  return A[pc.a_offset + m * pc.lda + k];
-}
-// Element (k, n) of op(W), decoded: W is [N, K] (TB = 1) or [K, N] (TB = 0), contiguous.
-float fetch_b(uint n, uint k) {
-  if (n >= pc.N || k >= pc.K) return 0.0;
-  return nf4_value(TB == 1 ? n * pc.K + k : k * pc.N + n);
-}
-
-void main() {
-  const uint tid = gl_LocalInvocationIndex;
-  const uint tx = tid % NTX, ty = tid / NTX;
-  const uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
-  const uint cbase = pc.c_offset;
-  const uint numK = (pc.K + BK - 1) / BK;
-
-  float acc[TM * TN];
-  [[unroll]] for (uint i = 0; i < TM * TN; ++i) acc[i] = 0.0;
-
-  float ra[LA], rb[LB];
-  [[unroll]] for (uint i = 0; i < LA; ++i) {
-    uint x = tid + i * NT, m, k;
-    tile_coord_a(x, m, k);
-    ra[i] = x < BM * BK ? fetch_a(m0 + m, k) : 0.0;
+// C[m][n..n+3] = alpha * acc (+ beta * C), the part inside C.
+void store_c(uint m, uint n, vec4 acc) {
+  if (m >= pc.M || n >= pc.N) return;
+  const uint ci = pc.c_offset + m * pc.ldc + n;
+  if (VECC == 1u) {
+    vec4 v = pc.alpha * acc;
+    if (pc.beta != 0.0) v += pc.beta * C4[ci >> 2];
+    C4[ci >> 2] = v;
+    return;
   }
-  [[unroll]] for (uint i = 0; i < LB; ++i) {
-    uint x = tid + i * NT, n, k;
-    tile_coord_b(x, n, k);
-    rb[i] = x < BN * BK ? fetch_b(n0 + n, k) : 0.0;
-  }
-
-  uint stage = 0;
-  for (uint kt = 0; kt < numK; ++kt) {
-    // registers -> shared stage (the other stage may still be read by slower invocations of
-    // the previous iteration only before the barrier at its end)
-    [[unroll]] for (uint i = 0; i < LA; ++i) {
-      uint x = tid + i * NT, m, k;
-      tile_coord_a(x, m, k);
-      if (x < BM * BK) As[stage * BK * SA + k * SA + m] = ra[i];
-    }
-    [[unroll]] for (uint i = 0; i < LB; ++i) {
-      uint x = tid + i * NT, n, k;
-      tile_coord_b(x, n, k);
-      if (x < BN * BK) Bs[stage * BK * SB + k * SB + n] = rb[i];
-    }
-    barrier();
-    if (kt + 1 < numK) {  // prefetch the next K tile; its latency hides behind the FMAs
-      const uint k0 = (kt + 1) * BK;
-      [[unroll]] for (uint i = 0; i < LA; ++i) {
-        uint x = tid + i * NT, m, k;
-        tile_coord_a(x, m, k);
-        ra[i] = x < BM * BK ? fetch_a(m0 + m, k0 + k) : 0.0;
-      }
-      [[unroll]] for (uint i = 0; i < LB; ++i) {
-        uint x = tid + i * NT, n, k;
-        tile_coord_b(x, n, k);
-        rb[i] = x < BN * BK ? fetch_b(n0 + n, k0 + k) : 0.0;
-      }
-    }
-    [[unroll]] for (uint k = 0; k < BK; ++k) {
-      float a[TM], b[TN];
-      [[unroll]] for (uint i = 0; i < TM; ++i) a[i] = As[stage * BK * SA + k * SA + ty + i * NTY];
-      [[unroll]] for (uint j = 0; j < TN; ++j) b[j] = Bs[stage * BK * SB + k * SB + tx + j * NTX];
-      [[unroll]] for (uint i = 0; i < TM; ++i)
-        [[unroll]] for (uint j = 0; j < TN; ++j) acc[i * TN + j] = fma(a[i], b[j], acc[i * TN + j]);
-    }
-    stage ^= 1u;
-  }
-
-  [[unroll]] for (uint i = 0; i < TM; ++i) {
-    const uint m = m0 + ty + i * NTY;
-    if (m >= pc.M) continue;
-    [[unroll]] for (uint j = 0; j < TN; ++j) {
-      const uint n = n0 + tx + j * NTX;
-      if (n >= pc.N) continue;
-      const uint ci = cbase + m * pc.ldc + n;
-      float v = pc.alpha * acc[i * TN + j];
-      if (pc.beta != 0.0) v += pc.beta * C[ci];
-      C[ci] = v;
-    }
+  [[unroll]] for (uint j = 0; j < 4u; ++j) {
+    if (n + j >= pc.N) break;
+    float v = pc.alpha * acc[j];
+    if (pc.beta != 0.0) v += pc.beta * C1[ci + j];
+    C1[ci + j] = v;
   }
 }
+
+#include "gemm_scalar_core.glsl"
+
+void main() { gemm_tiles(pc.K); }

@@ -89,7 +89,6 @@ void fused_gemm(gpu::Context& ctx, const gpu::Buffer& a, const Nf4Weight& w, con
                            " rows of the " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " weight");
   if (m == 0) return;
   if (kernel == GemmKernel::automatic) kernel = nf4_gemm_kernel_for(ctx);
-  if (kernel == GemmKernel::scalar_t64 || kernel == GemmKernel::scalar_t128) kernel = GemmKernel::scalar;
   if (kernel == GemmKernel::coopmat && !coopmat_available(ctx))
     throw std::logic_error(std::string(op) + ": the cooperative-matrix kernel is not available on this device");
 
@@ -111,10 +110,18 @@ void fused_gemm(gpu::Context& ctx, const gpu::Buffer& a, const Nf4Weight& w, con
                    beta != 0.0f ? gpu::Access::read_write : gpu::Access::write};
     const double flops = 2.0 * mp * n * k;
     const std::vector<uint32_t> spec = {trans_w ? 1u : 0u, w.double_quant ? 1u : 0u};
-    if (kernel == GemmKernel::scalar) {
-      const bool small = ctx.info().is_cpu() || mp < 128 || n < 128;
+    if (kernel == GemmKernel::scalar || kernel == GemmKernel::scalar_t64 || kernel == GemmKernel::scalar_t128) {
+      // Tile choice as for ops::gemm's scalar kernel (see scalar_tile in gemm.cpp).
+      const uint64_t groups128 = uint64_t((n + 127) / 128) * ((mp + 127) / 128);
+      const bool small = kernel == GemmKernel::scalar_t64 ||
+                         (kernel == GemmKernel::scalar &&
+                          (mp < 128 || n < 128 || (!ctx.info().is_cpu() && groups128 < 128)));
       const uint32_t tile = small ? 64 : 128;
-      const auto& p = ctx.pipelines().get(small ? "nf4_gemm_t64" : "nf4_gemm_t128", 6, sizeof(Nf4GemmPush), spec);
+      // 4-element chunks (see nf4_gemm.comp): A's rows and offset, W's stored rows, C's rows.
+      const uint32_t vec_a = k % 4 == 0 && push.a_offset % 4 == 0, vec_b = w.cols % 4 == 0;
+      const uint32_t vec_c = n % 4 == 0 && push.c_offset % 4 == 0;
+      const auto& p = ctx.pipelines().get(small ? "nf4_gemm_t64" : "nf4_gemm_t128", 6, sizeof(Nf4GemmPush),
+                                          {spec[0], spec[1], vec_a, vec_b, vec_c});
       ctx.dispatch(p, bindings, push, (n + tile - 1) / tile, (mp + tile - 1) / tile, 1, op, flops);
     } else {
       // Workgroup tile BM = BN = 128 where that still gives the device enough workgroups, else

@@ -207,6 +207,13 @@ TEST_F(Nf4GpuTest, DequantizeSplitsOutputsLargerThanTheBindingLimit) {
 
 TEST_F(Nf4GpuTest, ScalarFusedGemms) { gemm_suite(GemmKernel::scalar); }
 
+// Both scalar tiles whatever the automatic choice; the suite's shapes take both the 4-element
+// chunk loads (rows that are multiples of 4) and the element loads (7 x 9).
+TEST_F(Nf4GpuTest, ScalarFusedGemmsEachTile) {
+  gemm_suite(GemmKernel::scalar_t64);
+  gemm_suite(GemmKernel::scalar_t128);
+}
+
 TEST_F(Nf4GpuTest, ScalarFusedGemmsLargeK) {
   check_gemm(true, 40, 64, 2560, true, 1.0f, 0.0f, GemmKernel::scalar, false);
   check_gemm(false, 40, 2560, 64, true, 1.0f, 0.0f, GemmKernel::scalar, false);
