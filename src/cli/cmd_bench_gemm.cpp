@@ -1,5 +1,5 @@
-// forja bench gemm: TFLOP/s of each GEMM kernel variant at 4096^3 and at the Qwen3-4B projection
-// shapes (M = 2048 tokens), measured by the wall clock over back-to-back
+// forja bench gemm: TFLOP/s of each GEMM kernel variant (fp32, fp16 and NF4 weights) at 4096^3
+// and at the Qwen3-4B projection shapes (M = 2048 tokens), measured by the wall clock over back-to-back
 // dispatches (after a warm-up), best of several repetitions. Results are spot-checked against
 // a CPU dot product so a fast wrong kernel cannot report a number.
 #include <algorithm>
@@ -12,7 +12,9 @@
 #include "cli/command.h"
 #include "gpu/context.h"
 #include "io/float16.h"
+#include "model/nf4.h"
 #include "ops/gemm.h"
+#include "ops/nf4.h"
 #include "util/error.h"
 
 namespace {
@@ -54,6 +56,7 @@ struct Variant {
   DType dtype;
   GemmKernel kernel;
   bool trans_b;
+  bool nf4 = false;  // B is an NF4 weight (ops/nf4.h): NT y = x W^T, NN dx = dy W; A fp32
 };
 
 // Best seconds per product.
@@ -79,12 +82,28 @@ double run_one(forja::gpu::Context& ctx, const BenchSize& s, const Variant& v, i
     }
     return buf;
   };
-  forja::gpu::Buffer ga = upload(a), gb = upload(b), gc = ctx.alloc(uint64_t(s.m) * s.n * 4);
+  forja::ops::Nf4Weight w;
+  forja::gpu::Buffer ga = upload(a), gb, gc = ctx.alloc(uint64_t(s.m) * s.n * 4);
+  if (v.nf4) {
+    // W [N, K] (NT) or [K, N] (NN), double-quantised as QLoRA does; the check uses its
+    // dequantised values.
+    const int64_t rows = v.trans_b ? s.n : s.k, cols = v.trans_b ? s.k : s.n;
+    const forja::model::Nf4Tensor t = forja::model::nf4_quantize(b, {rows, cols});
+    b = forja::model::nf4_dequantize(t);
+    w = forja::ops::upload_nf4(ctx, t);
+  } else {
+    gb = upload(b);
+  }
   forja::ops::GemmShape shape{s.m, s.n, s.k, false, v.trans_b};
   // trans_b = false reads B as [K, N]: the same random numbers, another layout.
   const uint32_t ldb = v.trans_b ? s.k : s.n;
   auto once = [&] {
-    forja::ops::gemm(ctx, shape, {ga, v.dtype, 0, s.k}, {gb, v.dtype, 0, ldb}, {gc, DType::f32, 0, s.n}, v.kernel);
+    if (v.nf4 && v.trans_b)
+      forja::ops::nf4_gemm_xwt(ctx, ga, w, gc, s.m, 1.0f, 0.0f, v.kernel);
+    else if (v.nf4)
+      forja::ops::nf4_gemm_dyw(ctx, ga, w, gc, s.m, 1.0f, 0.0f, v.kernel);
+    else
+      forja::ops::gemm(ctx, shape, {ga, v.dtype, 0, s.k}, {gb, v.dtype, 0, ldb}, {gc, DType::f32, 0, s.n}, v.kernel);
   };
   // Warm up for a while: an idle GPU runs at low clocks and takes a moment to ramp up.
   using clock = std::chrono::steady_clock;
@@ -120,7 +139,10 @@ double run_one(forja::gpu::Context& ctx, const BenchSize& s, const Variant& v, i
     if (std::abs(c[uint64_t(i) * s.n + j] - want) > 1e-3 * std::sqrt(double(s.k)) + 1e-3) ok = false;
   }
   ctx.free(ga);
-  ctx.free(gb);
+  if (v.nf4)
+    forja::ops::free_nf4(ctx, w);
+  else
+    ctx.free(gb);
   ctx.free(gc);
   return best;
 }
@@ -161,12 +183,20 @@ forja::cli::CommandRegistration reg{"bench-gemm", 80, [](CLI::App& app) {
           variants.push_back({name + " t128", dt, GemmKernel::scalar_t128, tb});
         }
       }
+    for (bool tb : {true, false}) {
+      const std::string name = std::string("scalar nf4 ") + (tb ? "NT" : "NN");
+      variants.push_back({name, DType::f32, GemmKernel::scalar, tb, true});
+      if (o->tiles) {
+        variants.push_back({name + " t64", DType::f32, GemmKernel::scalar_t64, tb, true});
+        variants.push_back({name + " t128", DType::f32, GemmKernel::scalar_t128, tb, true});
+      }
+    }
     if (forja::ops::gemm_kernel_for(*ctx, DType::f16) == GemmKernel::coopmat) {
       variants.push_back({"coopmat f16 NT", DType::f16, GemmKernel::coopmat, true});
       variants.push_back({"coopmat f16 NN", DType::f16, GemmKernel::coopmat, false});
     }
     std::printf("forja bench gemm on %s: C[M,N] fp32 = A[M,K] * op(B), NT: B stored [N,K] (y = x W^T), "
-                "NN: B stored [K,N] (dx = dy W)\n",
+                "NN: B stored [K,N] (dx = dy W); nf4: B an NF4 weight, A fp32\n",
                 ctx->info().name.c_str());
     std::printf("%-18s %-16s %-21s %10s %10s %10s %6s\n", "MxNxK", "shape", "variant", "ms", "TFLOP/s", "GFLOP/s",
                 "check");
