@@ -51,43 +51,54 @@ layout(set = 0, binding = 2) buffer BufC1 { float C1[]; };
 
 uint abase, bbase, cbase;  // element offsets of this workgroup's batch (set in main)
 
-// Elements c..c+3 of stored row r of A (B), zero outside the matrix.
+// Elements c..c+3 of stored row r of A (B), zero outside the matrix. (No early returns: see
+// gemm_scalar_core.glsl.)
 vec4 chunk_a(uint r, uint c) {
   const uint rows = TA == 0 ? pc.M : pc.K, cols = TA == 0 ? pc.K : pc.M;
-  if (r >= rows || c >= cols) return vec4(0.0);
   const uint e = abase + r * pc.lda + c;
-  if (VECA == 1u) return load4_a(e);
   vec4 v = vec4(0.0);
-  [[unroll]] for (uint q = 0; q < 4u; ++q)
-    if (c + q < cols) v[q] = load1_a(e + q);
+  if (r < rows && c < cols) {
+    if (VECA == 1u) {
+      v = load4_a(e);
+    } else {
+      [[unroll]] for (uint q = 0; q < 4u; ++q)
+        if (c + q < cols) v[q] = load1_a(e + q);
+    }
+  }
   return v;
 }
 vec4 chunk_b(uint r, uint c) {
   const uint rows = TB == 1 ? pc.N : pc.K, cols = TB == 1 ? pc.K : pc.N;
-  if (r >= rows || c >= cols) return vec4(0.0);
   const uint e = bbase + r * pc.ldb + c;
-  if (VECB == 1u) return load4_b(e);
   vec4 v = vec4(0.0);
-  [[unroll]] for (uint q = 0; q < 4u; ++q)
-    if (c + q < cols) v[q] = load1_b(e + q);
+  if (r < rows && c < cols) {
+    if (VECB == 1u) {
+      v = load4_b(e);
+    } else {
+      [[unroll]] for (uint q = 0; q < 4u; ++q)
+        if (c + q < cols) v[q] = load1_b(e + q);
+    }
+  }
   return v;
 }
 
 // C[m][n..n+3] = alpha * acc (+ beta * C), the part inside C.
 void store_c(uint m, uint n, vec4 acc) {
-  if (m >= pc.M || n >= pc.N) return;
   const uint ci = cbase + m * pc.ldc + n;
-  if (VECC == 1u) {
-    vec4 v = pc.alpha * acc;
-    if (pc.beta != 0.0) v += pc.beta * C4[ci >> 2];
-    C4[ci >> 2] = v;
-    return;
-  }
-  [[unroll]] for (uint j = 0; j < 4u; ++j) {
-    if (n + j >= pc.N) break;
-    float v = pc.alpha * acc[j];
-    if (pc.beta != 0.0) v += pc.beta * C1[ci + j];
-    C1[ci + j] = v;
+  if (m < pc.M && n < pc.N) {
+    if (VECC == 1u) {
+      vec4 v = pc.alpha * acc;
+      if (pc.beta != 0.0) v += pc.beta * C4[ci >> 2];
+      C4[ci >> 2] = v;
+    } else {
+      [[unroll]] for (uint j = 0; j < 4u; ++j) {
+        if (n + j < pc.N) {
+          float v = pc.alpha * acc[j];
+          if (pc.beta != 0.0) v += pc.beta * C1[ci + j];
+          C1[ci + j] = v;
+        }
+      }
+    }
   }
 }
 

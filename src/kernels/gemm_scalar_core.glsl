@@ -24,7 +24,8 @@
 //   vec4 chunk_b(uint r, uint c)  likewise for B (TB = 1: row n, along k; TB = 0: row k, along n)
 //   void store_c(uint m, uint n, vec4 v)  C[m][n..n+3] from v = the sums, skipping what is
 //                                 outside C
-// and calls gemm_tiles(K) from main(); gl_WorkGroupID.xy selects the tile (x along N).
+// (all three without early returns and without loops over arrays: see tile_chunk_a), and
+// calls gemm_tiles(K) from main(); gl_WorkGroupID.xy selects the tile (x along N).
 
 const uint NTX = BN / (4u * QN);  // invocations along N
 const uint NTY = BM / (4u * QM);  // along M
@@ -34,39 +35,48 @@ const uint RSB = BN / 4u + 1u;
 // Chunks per stored row of a tile: a tile of A is BM rows of BK (TA = 0) or BK rows of BM.
 const uint CA = TA == 0 ? BK / 4u : BM / 4u;
 const uint CB = TB == 1 ? BK / 4u : BN / 4u;
-const uint LA = (BM * BK / 4u + NT - 1u) / NT;  // chunks of A each invocation moves per K step
-const uint LB = (BN * BK / 4u + NT - 1u) / NT;
+// One chunk of A and one of B per invocation per K step: the variants keep BM*BK = BN*BK =
+// 4*NT (otherwise the shared arrays below are sized 0, which does not compile).
+const uint CHUNKS_OK = BM * BK == 4u * NT && BN * BK == 4u * NT ? 1u : 0u;
 
-shared vec4 As[2 * BK * RSA];
-shared vec4 Bs[2 * BK * RSB];
+shared vec4 As[CHUNKS_OK * 2 * BK * RSA];
+shared vec4 Bs[CHUNKS_OK * 2 * BK * RSB];
 
 // Chunk x of the tile of A (B) whose origin is (m0, k0) ((k0, n0)).
+// No early returns and no loops over register arrays in this file (nor in the includer's
+// helpers): glslc -O then unrolls and scalarises everything but the K loop. A loop left
+// rolled that indexes the accumulators makes NVIDIA's compiler keep the whole accumulator
+// array in local memory (the likely cause of the first scalar kernel's 2.3 TFLOP/s).
 vec4 tile_chunk_a(uint m0, uint k0, uint x) {
-  if (x >= BM * BK / 4u) return vec4(0.0);
   return TA == 0 ? chunk_a(m0 + x / CA, k0 + (x % CA) * 4u) : chunk_a(k0 + x / CA, m0 + (x % CA) * 4u);
 }
 vec4 tile_chunk_b(uint n0, uint k0, uint x) {
-  if (x >= BN * BK / 4u) return vec4(0.0);
   return TB == 1 ? chunk_b(n0 + x / CB, k0 + (x % CB) * 4u) : chunk_b(k0 + x / CB, n0 + (x % CB) * 4u);
 }
 
 // Chunk x into shared stage `s` (k-major): a chunk along k goes to 4 rows, one along m to one.
 void store_a(uint s, uint x, vec4 v) {
-  if (x >= BM * BK / 4u) return;
   const uint base = s * BK * RSA;
   if (TA == 0) {
     const uint m = x / CA, k = (x % CA) * 4u;
-    [[unroll]] for (uint q = 0; q < 4u; ++q) As[base + (k + q) * RSA + m / 4u][m % 4u] = v[q];
+    const uint i = base + k * RSA + m / 4u, c = m % 4u;
+    As[i][c] = v.x;
+    As[i + RSA][c] = v.y;
+    As[i + 2u * RSA][c] = v.z;
+    As[i + 3u * RSA][c] = v.w;
   } else {
     As[base + (x / CA) * RSA + x % CA] = v;
   }
 }
 void store_b(uint s, uint x, vec4 v) {
-  if (x >= BN * BK / 4u) return;
   const uint base = s * BK * RSB;
   if (TB == 1) {
     const uint n = x / CB, k = (x % CB) * 4u;
-    [[unroll]] for (uint q = 0; q < 4u; ++q) Bs[base + (k + q) * RSB + n / 4u][n % 4u] = v[q];
+    const uint i = base + k * RSB + n / 4u, c = n % 4u;
+    Bs[i][c] = v.x;
+    Bs[i + RSB][c] = v.y;
+    Bs[i + 2u * RSB][c] = v.z;
+    Bs[i + 3u * RSB][c] = v.w;
   } else {
     Bs[base + (x / CB) * RSB + x % CB] = v;
   }
@@ -81,11 +91,9 @@ void gemm_tiles(uint K) {
   vec4 acc[QM * 4 * QN];  // acc[(qm*4 + i)*QN + qn]: row qm*BM/QM + ty*4 + i, columns of block qn
   [[unroll]] for (uint i = 0; i < QM * 4u * QN; ++i) acc[i] = vec4(0.0);
 
-  vec4 ra[LA], rb[LB];
-  [[unroll]] for (uint i = 0; i < LA; ++i) ra[i] = tile_chunk_a(m0, 0u, tid + i * NT);
-  [[unroll]] for (uint i = 0; i < LB; ++i) rb[i] = tile_chunk_b(n0, 0u, tid + i * NT);
-  [[unroll]] for (uint i = 0; i < LA; ++i) store_a(0u, tid + i * NT, ra[i]);
-  [[unroll]] for (uint i = 0; i < LB; ++i) store_b(0u, tid + i * NT, rb[i]);
+  vec4 ra = tile_chunk_a(m0, 0u, tid), rb = tile_chunk_b(n0, 0u, tid);
+  store_a(0u, tid, ra);
+  store_b(0u, tid, rb);
   barrier();
 
   uint stage = 0;
@@ -93,8 +101,8 @@ void gemm_tiles(uint K) {
     const bool more = kt + 1u < numK;
     if (more) {  // prefetch the next K tile; its latency hides behind the FMAs
       const uint k0 = (kt + 1u) * BK;
-      [[unroll]] for (uint i = 0; i < LA; ++i) ra[i] = tile_chunk_a(m0, k0, tid + i * NT);
-      [[unroll]] for (uint i = 0; i < LB; ++i) rb[i] = tile_chunk_b(n0, k0, tid + i * NT);
+      ra = tile_chunk_a(m0, k0, tid);
+      rb = tile_chunk_b(n0, k0, tid);
     }
     const uint sa = stage * BK * RSA, sb = stage * BK * RSB;
     [[unroll]] for (uint k = 0; k < BK; ++k) {
@@ -110,8 +118,8 @@ void gemm_tiles(uint K) {
     }
     if (more) {
       stage ^= 1u;  // the other stage was last read before the previous barrier
-      [[unroll]] for (uint i = 0; i < LA; ++i) store_a(stage, tid + i * NT, ra[i]);
-      [[unroll]] for (uint i = 0; i < LB; ++i) store_b(stage, tid + i * NT, rb[i]);
+      store_a(stage, tid, ra);
+      store_b(stage, tid, rb);
       barrier();
     }
   }

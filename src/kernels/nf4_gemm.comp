@@ -43,51 +43,60 @@ layout(set = 0, binding = 0) readonly buffer BufA1 { float A1[]; };
 layout(set = 0, binding = 5) buffer BufC4 { vec4 C4[]; };
 layout(set = 0, binding = 5) buffer BufC1 { float C1[]; };
 
-// Elements k..k+3 of row m of A, zero outside A.
+// Elements k..k+3 of row m of A, zero outside A. (No early returns in these helpers: see
+// gemm_scalar_core.glsl.)
 vec4 chunk_a(uint m, uint k) {
-  if (m >= pc.M || k >= pc.K) return vec4(0.0);
   const uint e = pc.a_offset + m * pc.lda + k;
-  if (VECA == 1u) return A4[e >> 2];
   vec4 v = vec4(0.0);
-  [[unroll]] for (uint q = 0; q < 4u; ++q)
-    if (k + q < pc.K) v[q] = A1[e + q];
+  if (m < pc.M && k < pc.K) {
+    if (VECA == 1u) {
+      v = A4[e >> 2];
+    } else {
+      [[unroll]] for (uint q = 0; q < 4u; ++q)
+        if (k + q < pc.K) v[q] = A1[e + q];
+    }
+  }
   return v;
 }
 // Elements c..c+3 of stored row r of W (TB = 1: row n, along k; TB = 0: row k, along n),
 // dequantised; zero outside W.
 vec4 chunk_b(uint r, uint c) {
   const uint rows = TB == 1 ? pc.N : pc.K, cols = TB == 1 ? pc.K : pc.N;
-  if (r >= rows || c >= cols) return vec4(0.0);
   const uint e = r * cols + c;
-  if (VECB == 1u) {
-    // e % 4 == 0: the 4 codes are the 2 bytes at byte (e/2) % 4 of word e/8, even elements in
-    // the high nibbles.
-    const uint bytes = nf4_packed[e >> 3] >> (8u * ((e >> 1) & 3u));
-    const float absmax = nf4_block_absmax(e >> 6);
-    return vec4(NF4_CODE[(bytes >> 4) & 0xfu], NF4_CODE[bytes & 0xfu], NF4_CODE[(bytes >> 12) & 0xfu],
-                NF4_CODE[(bytes >> 8) & 0xfu]) * absmax;
-  }
   vec4 v = vec4(0.0);
-  [[unroll]] for (uint q = 0; q < 4u; ++q)
-    if (c + q < cols) v[q] = nf4_value(e + q);
+  if (r < rows && c < cols) {
+    if (VECB == 1u) {
+      // e % 4 == 0: the 4 codes are the 2 bytes at byte (e/2) % 4 of word e/8, even elements
+      // in the high nibbles.
+      const uint bytes = nf4_packed[e >> 3] >> (8u * ((e >> 1) & 3u));
+      const float absmax = nf4_block_absmax(e >> 6);
+      v = vec4(NF4_CODE[(bytes >> 4) & 0xfu], NF4_CODE[bytes & 0xfu], NF4_CODE[(bytes >> 12) & 0xfu],
+               NF4_CODE[(bytes >> 8) & 0xfu]) * absmax;
+    } else {
+      [[unroll]] for (uint q = 0; q < 4u; ++q)
+        if (c + q < cols) v[q] = nf4_value(e + q);
+    }
+  }
   return v;
 }
 
 // C[m][n..n+3] = alpha * acc (+ beta * C), the part inside C.
 void store_c(uint m, uint n, vec4 acc) {
-  if (m >= pc.M || n >= pc.N) return;
   const uint ci = pc.c_offset + m * pc.ldc + n;
-  if (VECC == 1u) {
-    vec4 v = pc.alpha * acc;
-    if (pc.beta != 0.0) v += pc.beta * C4[ci >> 2];
-    C4[ci >> 2] = v;
-    return;
-  }
-  [[unroll]] for (uint j = 0; j < 4u; ++j) {
-    if (n + j >= pc.N) break;
-    float v = pc.alpha * acc[j];
-    if (pc.beta != 0.0) v += pc.beta * C1[ci + j];
-    C1[ci + j] = v;
+  if (m < pc.M && n < pc.N) {
+    if (VECC == 1u) {
+      vec4 v = pc.alpha * acc;
+      if (pc.beta != 0.0) v += pc.beta * C4[ci >> 2];
+      C4[ci >> 2] = v;
+    } else {
+      [[unroll]] for (uint j = 0; j < 4u; ++j) {
+        if (n + j < pc.N) {
+          float v = pc.alpha * acc[j];
+          if (pc.beta != 0.0) v += pc.beta * C1[ci + j];
+          C1[ci + j] = v;
+        }
+      }
+    }
   }
 }
 
