@@ -43,6 +43,11 @@ layout(set = 0, binding = 0) readonly buffer BufA1 { float A1[]; };
 layout(set = 0, binding = 5) buffer BufC4 { vec4 C4[]; };
 layout(set = 0, binding = 5) buffer BufC1 { float C1[]; };
 
+// The NF4 code table, copied to shared memory once per workgroup: indexing the constant array
+// with a variable makes a function-local copy of it at every use (glslc -O), which a driver
+// may well keep in local memory.
+shared float code_sh[16];
+
 // Elements k..k+3 of row m of A, zero outside A. (No early returns in these helpers: see
 // gemm_scalar_core.glsl.)
 vec4 chunk_a(uint m, uint k) {
@@ -70,8 +75,8 @@ vec4 chunk_b(uint r, uint c) {
       // in the high nibbles.
       const uint bytes = nf4_packed[e >> 3] >> (8u * ((e >> 1) & 3u));
       const float absmax = nf4_block_absmax(e >> 6);
-      v = vec4(NF4_CODE[(bytes >> 4) & 0xfu], NF4_CODE[bytes & 0xfu], NF4_CODE[(bytes >> 12) & 0xfu],
-               NF4_CODE[(bytes >> 8) & 0xfu]) * absmax;
+      v = vec4(code_sh[(bytes >> 4) & 0xfu], code_sh[bytes & 0xfu], code_sh[(bytes >> 12) & 0xfu],
+               code_sh[(bytes >> 8) & 0xfu]) * absmax;
     } else {
       [[unroll]] for (uint q = 0; q < 4u; ++q)
         if (c + q < cols) v[q] = nf4_value(e + q);
@@ -102,4 +107,8 @@ void store_c(uint m, uint n, vec4 acc) {
 
 #include "gemm_scalar_core.glsl"
 
-void main() { gemm_tiles(pc.K); }
+void main() {
+  if (gl_LocalInvocationIndex < 16u) code_sh[gl_LocalInvocationIndex] = NF4_CODE[gl_LocalInvocationIndex];
+  barrier();
+  gemm_tiles(pc.K);
+}
