@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "io/safetensors.h"
 #include "train/example.h"
 
 namespace forja::train {
@@ -160,6 +161,47 @@ TEST(TrainCli, UserErrorsExitTwoWithOneLine) {
   expect_error(base_args(out) + " --max-steps 1", "holds another run");
   const Result again = run(base_args(out) + " --max-steps 1 --overwrite");
   EXPECT_EQ(again.exit_code, 0) << again.output;
+}
+
+// A copy of the example model whose final norm holds a NaN: every loss is NaN.
+fs::path nan_model() {
+  const fs::path dir = example().dir / "nan_model";
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(example().model))
+    if (e.path().filename() != "model.safetensors") fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing);
+  const auto src = io::SafetensorsFile::open(example().model / "model.safetensors");
+  std::vector<uint16_t> nan_norm;
+  std::vector<io::TensorToWrite> out;
+  for (const auto& info : src.tensors()) {
+    io::TensorToWrite t;
+    t.name = info.name;
+    t.dtype = info.dtype;
+    t.shape = info.shape;
+    t.data = src.view(info).bytes();
+    if (info.name == "model.norm.weight") {
+      nan_norm.assign(size_t(info.numel()), 0x3F80);  // bf16 1.0
+      nan_norm[1] = 0x7FC0;                           // bf16 NaN
+      t.data = std::as_bytes(std::span(nan_norm));
+    }
+    out.push_back(std::move(t));
+  }
+  io::write_safetensors(dir / "model.safetensors", std::move(out));
+  return dir;
+}
+
+TEST(TrainCli, NonFiniteLossStopsOrIsSkipped) {
+  if (!fs::exists(program())) GTEST_SKIP() << program() << " not built";
+  const fs::path model = nan_model();
+  const std::string args = "train --model " + model.string() + " --data " + example().data.string() +
+                           " --seq-len 48 --batch-size 2 --grad-accum 1 --max-steps 2 --log-every 1 --out ";
+  Result r = run(args + (example().dir / "run_nan").string());
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("not finite"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--skip-nonfinite"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(example().dir / "run_nan" / "adapter_model.safetensors"));
+  r = run(args + (example().dir / "run_nan_skip").string() + " --skip-nonfinite");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 non-finite steps skipped"), std::string::npos) << r.output;
 }
 
 }  // namespace
