@@ -231,11 +231,15 @@ void write_example_model(const fs::path& dir, uint64_t seed, const ExampleModelS
   std::normal_distribution<float> normal(0.0f, 0.02f);
   std::vector<std::vector<uint16_t>> storage;
   std::vector<io::TensorToWrite> tensors;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, bool norm) {
+  // The tied embedding is also the LM head: at HF's std 0.02 a model this narrow could not
+  // produce logits beyond about +-1 after the final RMSNorm, so no adapter could bring the loss
+  // far below log(V). A std of 4/sqrt(hidden) gives logits a range of tens.
+  const float embed_scale = 4.0f / std::sqrt(float(s.hidden)) / 0.02f;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, bool norm, float scale = 1.0f) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     std::vector<uint16_t> v(static_cast<size_t>(n));
-    for (auto& x : v) x = io::float_to_bf16(norm ? 1.0f + 10.0f * normal(rng) : normal(rng));
+    for (auto& x : v) x = io::float_to_bf16(norm ? 1.0f + 10.0f * normal(rng) : scale * normal(rng));
     storage.push_back(std::move(v));
     io::TensorToWrite t;
     t.name = name;
@@ -246,7 +250,7 @@ void write_example_model(const fs::path& dir, uint64_t seed, const ExampleModelS
   };
   storage.reserve(size_t(4 + 11 * s.layers));
   const int64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
-  add("model.embed_tokens.weight", {vocab_size, s.hidden}, false);
+  add("model.embed_tokens.weight", {vocab_size, s.hidden}, false, embed_scale);
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {s.hidden}, true);
