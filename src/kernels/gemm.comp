@@ -1,6 +1,9 @@
 #version 450
 // Scalar tiled GEMM (no matrix cores): fp32 arithmetic, fp32 or fp16 operands, fp32 C.
-// See gemm_common.glsl for the operation and addressing.
+// See gemm_common.glsl for the operation and addressing. The gemm_f32f16 variants take an fp32 A
+// and an fp16 B and round A to fp16 on load, so the product is that of two fp16 matrices with
+// fp32 accumulation, as the cooperative-matrix kernel computes it (mixed precision without a
+// cooperative-matrix device).
 //
 // A workgroup computes a BM x BN tile of C with (BM/TM) x (BN/TN) invocations, each holding
 // TM x TN accumulators for rows ty + i*(BM/TM) and columns tx + j*(BN/TN) (strided, so that
@@ -15,8 +18,10 @@
 //! variant gemm_f16_t64 -DF16_OPERANDS -DBM=64 -DBN=64 -DBK=16 -DTM=4 -DTN=4
 //! variant gemm_f32_t128 -DBM=128 -DBN=128 -DBK=8 -DTM=8 -DTN=8
 //! variant gemm_f16_t128 -DF16_OPERANDS -DBM=128 -DBN=128 -DBK=8 -DTM=8 -DTN=8
+//! variant gemm_f32f16_t64 -DMIXED_OPERANDS -DBM=64 -DBN=64 -DBK=16 -DTM=4 -DTN=4
+//! variant gemm_f32f16_t128 -DMIXED_OPERANDS -DBM=128 -DBN=128 -DBK=8 -DTM=8 -DTN=8
 #extension GL_EXT_control_flow_attributes : require
-#ifdef F16_OPERANDS
+#if defined(F16_OPERANDS) || defined(MIXED_OPERANDS)
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #endif
@@ -31,6 +36,11 @@ layout(constant_id = 1) const uint TB = 1;
 layout(set = 0, binding = 0) readonly buffer BufA { float16_t A[]; };
 layout(set = 0, binding = 1) readonly buffer BufB { float16_t B[]; };
 #define LOADA(i) float(A[i])
+#define LOADB(i) float(B[i])
+#elif defined(MIXED_OPERANDS)
+layout(set = 0, binding = 0) readonly buffer BufA { float A[]; };
+layout(set = 0, binding = 1) readonly buffer BufB { float16_t B[]; };
+#define LOADA(i) float(float16_t(A[i]))
 #define LOADB(i) float(B[i])
 #else
 layout(set = 0, binding = 0) readonly buffer BufA { float A[]; };

@@ -11,9 +11,21 @@
 // invocations holding TM x TN accumulators; K advances BK at a time through double-buffered
 // shared tiles, the next tile fetched into registers during the multiplies. Loads outside the
 // matrices read as zero, stores outside C are skipped, so any M, N, K works.
+//
+// The nf4_gemm_f16 variants (ROUND_F16) round A and the decoded W to fp16 on load (fp32
+// accumulation), the arithmetic of nf4_gemm_coopmat.comp: mixed precision on devices without
+// cooperative matrices.
 //! variant nf4_gemm_t64 -DBM=64 -DBN=64 -DBK=16 -DTM=4 -DTN=4
 //! variant nf4_gemm_t128 -DBM=128 -DBN=128 -DBK=8 -DTM=8 -DTN=8
+//! variant nf4_gemm_f16_t64 -DROUND_F16 -DBM=64 -DBN=64 -DBK=16 -DTM=4 -DTN=4
+//! variant nf4_gemm_f16_t128 -DROUND_F16 -DBM=128 -DBN=128 -DBK=8 -DTM=8 -DTN=8
 #extension GL_EXT_control_flow_attributes : require
+#ifdef ROUND_F16
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#define OPERAND(x) float(float16_t(x))
+#else
+#define OPERAND(x) (x)
+#endif
 
 layout(local_size_x = (BM / TM) * (BN / TN)) in;
 layout(constant_id = 0) const uint TB = 1;
@@ -56,12 +68,12 @@ void tile_coord_b(uint x, out uint n, out uint k) {
 
 float fetch_a(uint m, uint k) {
   if (m >= pc.M || k >= pc.K) return 0.0;
-  return A[pc.a_offset + m * pc.lda + k];
+  return OPERAND(A[pc.a_offset + m * pc.lda + k]);
 }
 // Element (k, n) of op(W), decoded: W is [N, K] (TB = 1) or [K, N] (TB = 0), contiguous.
 float fetch_b(uint n, uint k) {
   if (n >= pc.N || k >= pc.K) return 0.0;
-  return nf4_value(TB == 1 ? n * pc.K + k : k * pc.N + n);
+  return OPERAND(nf4_value(TB == 1 ? n * pc.K + k : k * pc.N + n));
 }
 
 void main() {

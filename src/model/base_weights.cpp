@@ -1,5 +1,6 @@
 #include "model/base_weights.h"
 
+#include <cmath>
 #include <string>
 
 #include "io/float16.h"
@@ -25,7 +26,9 @@ const io::TensorView checked(const io::SafetensorsCheckpoint& ck, const std::str
   return t;
 }
 
-// Uploads a tensor converted to fp32 or fp16.
+// Uploads a tensor converted to fp32 or fp16. bf16 (and fp32) checkpoints hold values beyond
+// fp16's range (65504); those would become infinities, so they are refused (values below fp16's
+// normal range lose precision or flush to zero, as in any fp16 compute).
 gpu::Buffer upload_dense(gpu::Context& ctx, const io::TensorView& t, ops::DType dtype, uint64_t& bytes) {
   std::vector<float> v = t.to_float();
   gpu::Buffer b;
@@ -34,7 +37,12 @@ gpu::Buffer upload_dense(gpu::Context& ctx, const io::TensorView& t, ops::DType 
     ctx.upload(b, v);
   } else {
     std::vector<uint16_t> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = io::float_to_f16(v[i]);
+    for (size_t i = 0; i < v.size(); ++i) {
+      h[i] = io::float_to_f16(v[i]);
+      if (std::isinf(io::f16_to_float(h[i])) && std::isfinite(v[i]))
+        throw UserError("tensor " + t.name() + " holds " + std::to_string(v[i]) +
+                        ", beyond fp16's range (65504) that --precision mixed stores it in; use --precision fp32");
+    }
     b = ctx.alloc(h.size() * 2, t.name());
     ctx.upload(b, h);
   }

@@ -20,7 +20,9 @@ enum class BaseQuant { nf4, none };
 struct BaseWeightOptions {
   BaseQuant quant = BaseQuant::nf4;
   bool double_quant = true;
-  // Dense weights (--quant none, embedding, LM head): fp32 in the reference precision.
+  // Dense weights (--quant none, embedding, LM head): fp32 in the reference precision, fp16 in
+  // mixed precision (model::dense_dtype_for, model/precision.h). fp16 refuses values beyond its
+  // range (UserError).
   ops::DType dense_dtype = ops::DType::f32;
 };
 

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
@@ -55,8 +56,19 @@ gpu::Buffer Transformer::alloc(uint64_t bytes, const char* what) {
 }
 
 Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lora, uint32_t max_batch,
-                         uint32_t max_seq, bool grad_checkpointing)
-    : ctx_(ctx), base_(base), lora_(lora), c_(base.config), checkpointing_(grad_checkpointing) {
+                         uint32_t max_seq, bool grad_checkpointing, const TransformerOptions& options)
+    : ctx_(ctx), base_(base), lora_(lora), c_(base.config), checkpointing_(grad_checkpointing), options_(options) {
+  const DType dense = dense_dtype_for(options.precision);
+  base_operands_ = dense;
+  bool matches = base.embed_dtype == dense;
+  for (const BaseLayer& layer : base.layers)
+    for (const BaseLinear& lin : layer.linears) matches = matches && (lin.nf4 || lin.dense_dtype == dense);
+  if (!matches)
+    throw std::logic_error(std::string("Transformer: --precision ") + precision_name(options.precision) +
+                           " needs base weights loaded with dense_dtype = dense_dtype_for(precision)");
+  if (options.precision == Precision::fp32 && options.base_kernel != ops::GemmKernel::automatic &&
+      options.base_kernel != ops::GemmKernel::scalar)
+    throw std::logic_error("Transformer: fp32 precision runs the scalar kernels only");
   max_tokens_ = max_batch * max_seq;
   const uint64_t T = max_tokens_, H = c_.hidden_size, I = c_.intermediate_size, nh = c_.num_heads,
                  nkv = c_.num_kv_heads, d = c_.head_dim, r = lora.settings().rank;
@@ -134,10 +146,11 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
   const uint32_t T = tokens_;
   const float beta = accumulate ? 1.0f : 0.0f;
   if (lin.nf4) {
-    ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, T, 1.0f, beta);
-  } else {
+    ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, T, 1.0f, beta, base_operands_, options_.base_kernel);
+  } else {  // mixed: fp16 W, x rounded to fp16 as it is loaded
     ops::gemm(ctx_, GemmShape{T, lin.out, lin.in, false, true, 1.0f, beta}, MatrixView{x, DType::f32, 0, lin.in},
-              MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{y, DType::f32, 0, lin.out});
+              MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{y, DType::f32, 0, lin.out},
+              options_.base_kernel);
   }
   if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
   if (const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind)) {
@@ -157,24 +170,26 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   const float beta = accumulate_dx ? 1.0f : 0.0f;
   // dx (=|+=) dy W
   if (lin.nf4) {
-    ops::nf4_gemm_dyw(ctx_, dy, *lin.nf4, dx, T, 1.0f, beta);
+    ops::nf4_gemm_dyw(ctx_, dy, *lin.nf4, dx, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {
     ops::gemm(ctx_, GemmShape{T, lin.in, lin.out, false, false, 1.0f, beta}, MatrixView{dy, DType::f32, 0, lin.out},
-              MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{dx, DType::f32, 0, lin.in});
+              MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{dx, DType::f32, 0, lin.in},
+              options_.base_kernel);
   }
   const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind);
   if (!s) return;
   const uint32_t r = s->rank;
   const float scale = lora_.scale();
   const gpu::Buffer dt = grad_->dt;
-  // dB += scale * dy^T t          [out, r]
-  ops::gemm(ctx_, GemmShape{s->out, r, T, true, false, scale, 1.0f}, MatrixView{dy, DType::f32, 0, s->out},
+  // dB += scale * dy^T t          [out, r]   (lora_grad_scale_: see run)
+  ops::gemm(ctx_, GemmShape{s->out, r, T, true, false, scale * lora_grad_scale_, 1.0f},
+            MatrixView{dy, DType::f32, 0, s->out},
             MatrixView{lora_t, DType::f32, 0, r}, MatrixView{lora_.grad_b(*s), DType::f32, 0, r});
   // dt = scale * dy B             [T, r]
   ops::gemm(ctx_, GemmShape{T, r, s->out, false, false, scale, 0.0f}, MatrixView{dy, DType::f32, 0, s->out},
             MatrixView{lora_.b(*s), DType::f32, 0, r}, MatrixView{dt, DType::f32, 0, r});
   // dA += dt^T x                  [r, in]
-  ops::gemm(ctx_, GemmShape{r, s->in, T, true, false, 1.0f, 1.0f}, MatrixView{dt, DType::f32, 0, r},
+  ops::gemm(ctx_, GemmShape{r, s->in, T, true, false, lora_grad_scale_, 1.0f}, MatrixView{dt, DType::f32, 0, r},
             MatrixView{x, DType::f32, 0, s->in}, MatrixView{lora_.grad_a(*s), DType::f32, 0, s->in});
   // dx += dt A                    [T, in]
   ops::gemm(ctx_, GemmShape{T, s->in, r, false, false, 1.0f, 1.0f}, MatrixView{dt, DType::f32, 0, r},
@@ -265,7 +280,16 @@ void Transformer::run(const TokenBatch& batch, float inv_n, const gpu::Buffer& l
                        static_cast<float>(c_.rms_norm_eps));
   ops::CrossEntropyOptions ce;
   ce.need_grad = backward;
-  ops::lm_head_cross_entropy(ctx_, final_h_, base_.lm_head, base_.embed_dtype, targets_, T, H, V, inv_n, loss_sum,
+  // Mixed precision rounds activation gradients to fp16 where they enter the base products; at
+  // the scale of the mean loss (inv_n ~ 1e-4 for real batches) they would fall into fp16's
+  // subnormals. So the backward carries the gradient of the summed loss (per-token dlogits in
+  // [-1, 1]; every backward op is linear in its upstream gradient) and inv_n is applied where
+  // the LoRA gradients accumulate: a static loss scale of n that keeps per-token gradients of
+  // order one, far from both ends of fp16's range.
+  const bool scaled = options_.precision == Precision::mixed;
+  lora_grad_scale_ = scaled ? inv_n : 1.0f;
+  ops::lm_head_cross_entropy(ctx_, final_h_, base_.lm_head, base_.embed_dtype, targets_, T, H, V,
+                             scaled ? 1.0f : inv_n, loss_sum,
                              grad_->dh, ce);
   if (!backward) return;
   ops::rmsnorm_backward(ctx_, grad_->dh, x_[L], base_.final_norm, DType::f32, final_rstd_, grad_->dx, T, H, false);

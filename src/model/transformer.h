@@ -1,6 +1,7 @@
 // The decoder's forward and backward pass on the GPU, written out by hand (llm.c style): the
 // frozen base (model/base_weights.h) with LoRA adapters (model/lora.h), for Qwen3, Qwen2, Llama
-// and Mistral (formats.md 1.3-1.7). Activations are fp32.
+// and Mistral (formats.md 1.3-1.7). Activations are fp32; TransformerOptions::precision chooses
+// the arithmetic of the products with the base weights (model/precision.h).
 //
 // Per layer:  h1 = rmsnorm(x); q,k,v = proj(h1) (+bias); Qwen3: per-head rmsnorm on q, k;
 //             rope(q, k); a = attention(q, k, v); x2 = x + o_proj(a);
@@ -8,7 +9,8 @@
 // then the final norm and the LM head fused with the cross-entropy (no [T, V] logits).
 //
 // Backward: gradients flow to LoRA A and B only (base frozen); parameter gradients accumulate
-// (+=) across micro-batches, activation gradients are written (=). With activation
+// (+=) across micro-batches, activation gradients are written (=). In mixed precision the
+// activation gradients are those of the summed loss, not the mean (a loss scale; see run). With activation
 // checkpointing each layer keeps only its input; its forward is recomputed inside the backward.
 #pragma once
 #include <array>
@@ -19,8 +21,19 @@
 #include "gpu/context.h"
 #include "model/base_weights.h"
 #include "model/lora.h"
+#include "model/precision.h"
 
 namespace forja::model {
+
+struct TransformerOptions {
+  // fp32 needs base weights loaded with dense_dtype f32, mixed with f16 (dense_dtype_for):
+  // the constructor checks (std::logic_error).
+  Precision precision = Precision::fp32;
+  // The kernel of the products with the base projections (dense and NF4). automatic: scalar
+  // in fp32; in mixed, the cooperative-matrix kernel where present, else the fp16 scalar one.
+  // Tests set coopmat_emulated to run the cooperative-matrix path on any device (mixed only).
+  ops::GemmKernel base_kernel = ops::GemmKernel::automatic;
+};
 
 // One micro-batch, host side: B sequences of S tokens, row-major [B, S].
 struct TokenBatch {
@@ -36,7 +49,7 @@ class Transformer {
  public:
   // Buffers for batches of up to max_batch x max_seq tokens are allocated once.
   Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lora, uint32_t max_batch, uint32_t max_seq,
-              bool grad_checkpointing);
+              bool grad_checkpointing, const TransformerOptions& options = {});
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -66,6 +79,9 @@ class Transformer {
   ModelConfig c_;
   uint32_t max_tokens_ = 0, tokens_ = 0, batch_ = 0, seq_ = 0;
   bool checkpointing_ = false;
+  TransformerOptions options_;
+  ops::DType base_operands_ = ops::DType::f32;  // the operand precision of the NF4 products
+  float lora_grad_scale_ = 1.0f;                 // factor of the LoRA gradient products (run)
   uint64_t activation_bytes_ = 0;
   // batch inputs on the GPU (int32 [tokens])
   gpu::Buffer ids_, targets_, positions_, segments_;

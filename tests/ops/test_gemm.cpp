@@ -35,15 +35,19 @@ class GemmTest : public GpuTest {
  protected:
   // Runs one product and checks it. `exact_values`: inputs from {-0.5, 0, 0.5, 1}, so every
   // product and partial sum is exact in fp32 and the result must equal the reference exactly.
-  void run(const Case& c, DType dtype, GemmKernel kernel, bool exact_values, uint32_t seed = 1) {
-    SCOPED_TRACE(case_name(c) + " " + ops::gemm_kernel_name(kernel) + (dtype == DType::f16 ? " f16" : " f32"));
+  // a_f32 (with dtype f16): mixed operands, A uploaded in fp32 (unrounded), which the kernel
+  // rounds to fp16 on load; the reference multiplies the rounded values.
+  void run(const Case& c, DType dtype, GemmKernel kernel, bool exact_values, uint32_t seed = 1, bool a_f32 = false) {
+    SCOPED_TRACE(case_name(c) + " " + ops::gemm_kernel_name(kernel) + (dtype == DType::f16 ? " f16" : " f32") +
+                 (a_f32 ? " A f32" : ""));
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     std::uniform_int_distribution<int> pick(0, 3);
     const float exact[4] = {-0.5f, 0.0f, 0.5f, 1.0f};
+    auto round16 = [](float v) { return io::f16_to_float(io::float_to_f16(v)); };
     auto draw = [&] {
       float v = exact_values ? exact[pick(rng)] : uni(rng);
-      if (dtype == DType::f16) v = io::f16_to_float(io::float_to_f16(v));  // the value the GPU sees
+      if (dtype == DType::f16) v = round16(v);  // the value the GPU sees
       return v;
     };
     // Stored shapes with padded leading dimensions (ld > row length) to test strides.
@@ -52,21 +56,23 @@ class GemmTest : public GpuTest {
     const uint32_t lda = a_cols + (dtype == DType::f16 ? 8 : 3), ldb = b_cols + 5, ldc = c.n + 2;
     const uint32_t c_pad = 7;  // sentinel rows before and after C
     std::vector<float> a(size_t(a_rows) * lda), b(size_t(b_rows) * ldb);
-    for (auto& v : a) v = draw();
+    for (auto& v : a) v = a_f32 ? (exact_values ? exact[pick(rng)] : uni(rng)) : draw();
     for (auto& v : b) v = draw();
     std::vector<float> cmat(size_t(c.m + 2 * c_pad) * ldc, kSentinel);
     for (uint32_t i = 0; i < c.m; ++i)
       for (uint32_t j = 0; j < c.n; ++j) cmat[(c_pad + i) * ldc + j] = c.beta != 0 ? draw() : std::nanf("");
 
     std::vector<double> ad(a.begin(), a.end()), bd(b.begin(), b.end());
+    if (a_f32)
+      for (double& v : ad) v = round16(static_cast<float>(v));
     std::vector<double> cd(size_t(c.m) * ldc, 0.0);
     for (uint32_t i = 0; i < c.m; ++i)
       for (uint32_t j = 0; j < c.n; ++j) cd[i * ldc + j] = cmat[(c_pad + i) * ldc + j];
     ref::gemm_ld(cd.data(), ldc, ad.data(), lda, bd.data(), ldb, c.m, c.n, c.k, c.ta, c.tb, c.alpha, c.beta);
 
-    auto upload_operand = [&](const std::vector<float>& v) {
-      gpu::Buffer buf = ctx().alloc(v.size() * ops::dtype_bytes(dtype) + 64);
-      if (dtype == DType::f32) {
+    auto upload_operand = [&](const std::vector<float>& v, DType dt) {
+      gpu::Buffer buf = ctx().alloc(v.size() * ops::dtype_bytes(dt) + 64);
+      if (dt == DType::f32) {
         ctx().upload(buf, v);
       } else {
         std::vector<uint16_t> h(v.size());
@@ -75,12 +81,13 @@ class GemmTest : public GpuTest {
       }
       return buf;
     };
-    gpu::Buffer ga = upload_operand(a), gb = upload_operand(b);
+    const DType a_dtype = a_f32 ? DType::f32 : dtype;
+    gpu::Buffer ga = upload_operand(a, a_dtype), gb = upload_operand(b, dtype);
     gpu::Buffer gc = ctx().alloc(cmat.size() * 4);
     ctx().upload(gc, cmat);
 
     ops::GemmShape shape{c.m, c.n, c.k, c.ta, c.tb, c.alpha, c.beta};
-    ops::gemm(ctx(), shape, {ga, dtype, 0, lda}, {gb, dtype, 0, ldb}, {gc, DType::f32, uint64_t(c_pad) * ldc, ldc},
+    ops::gemm(ctx(), shape, {ga, a_dtype, 0, lda}, {gb, dtype, 0, ldb}, {gc, DType::f32, uint64_t(c_pad) * ldc, ldc},
               kernel);
     auto out = ctx().download<float>(gc, cmat.size());
     ctx().free(ga);
@@ -132,6 +139,26 @@ TEST_F(GemmTest, ScalarF16AllTransposes) {
   run({1000, 3, 777, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::scalar, false);
 }
 
+// Mixed operands (A fp32 rounded to fp16 on load, B fp16) on the scalar kernel: what mixed
+// precision runs on devices without cooperative matrices.
+TEST_F(GemmTest, ScalarMixedOperandsAllTransposes) {
+  for (const Case& c : awkward_cases()) run(c, DType::f16, GemmKernel::scalar, false, 1, true);
+  run({1000, 3, 777, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::scalar, false, 1, true);
+  run({130, 129, 300, false, false, 1.0f, 0.5f}, DType::f16, GemmKernel::scalar, false, 2, true);  // 128 tile
+  run({64, 64, 64, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::scalar, true, 1, true);
+}
+
+TEST_F(GemmTest, RejectsFp16AWithFp32B) {
+  gpu::Buffer buf = ctx().alloc(1024);
+  EXPECT_THROW(ops::gemm(ctx(), {4, 4, 4, false, true}, {buf, DType::f16, 0, 4}, {buf, DType::f32, 0, 4},
+                         {buf, DType::f32, 0, 4}),
+               std::logic_error);
+  EXPECT_THROW(ops::gemm(ctx(), {4, 4, 4, false, true}, {buf, DType::f32, 0, 4}, {buf, DType::f32, 0, 4},
+                         {buf, DType::f32, 0, 4}, GemmKernel::coopmat_emulated),
+               std::logic_error);
+  ctx().free(buf);
+}
+
 TEST_F(GemmTest, ZeroKScalesC) {
   run({9, 11, 0, false, true, 1.0f, 0.5f}, DType::f32, GemmKernel::scalar, true);
 }
@@ -152,6 +179,20 @@ TEST_F(GemmTest, CoopmatEmulatedBitExact) {
     }
 }
 
+// The same with an fp32 A rounded to fp16 while staged (the _af32 variant); random values
+// check the rounding against the CPU's round-to-nearest-even.
+TEST_F(GemmTest, CoopmatEmulatedMixedOperands) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      run({17, 33, 65, ta, tb, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat_emulated, true, 1, true);
+      run({70, 3, 40, ta, tb, 0.5f, 1.0f}, DType::f16, GemmKernel::coopmat_emulated, false, 1, true);
+    }
+  // vector loads of A (as training uses it: A [M, K] not transposed)
+  run({64, 72, 96, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat_emulated, false, 3, true);
+  run({64, 72, 96, false, false, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat_emulated, false, 3, true);
+  run({64, 72, 96, true, true, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat_emulated, true, 1, true);
+}
+
 // The real cooperative-matrix kernel, where the device has one (not lavapipe).
 TEST_F(GemmTest, CoopmatBitExactAndRandom) {
   if (ops::gemm_kernel_for(ctx(), DType::f16) != GemmKernel::coopmat)
@@ -162,6 +203,10 @@ TEST_F(GemmTest, CoopmatBitExactAndRandom) {
   run({256, 4096, 128, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat, true);
   run({512, 512, 4100, true, false, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat, true);
   run({2048, 1024, 256, false, false, 1.0f, 1.0f}, DType::f16, GemmKernel::coopmat, false);
+  // mixed operands (fp32 A)
+  for (const Case& c : awkward_cases()) run(c, DType::f16, GemmKernel::coopmat, false, 1, true);
+  run({256, 4096, 128, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat, false, 1, true);
+  run({2048, 1024, 256, false, false, 1.0f, 1.0f}, DType::f16, GemmKernel::coopmat, false, 1, true);
 }
 
 // Operands larger than maxStorageBufferRange are split into several dispatches. Only on
