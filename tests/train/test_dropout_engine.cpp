@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <stdexcept>
 
@@ -125,6 +127,7 @@ void DropoutEngine::check_directions(model::Transformer& tf, model::LoraSet& lor
       const double fd = (at(h) - at(-h)) / (2 * h);
       ctx.upload(lora.params(), theta);
       EXPECT_NEAR(fd, gv, 2e-3 * std::abs(gv)) << "h " << h;
+      if (std::getenv("FORJA_REF_VERBOSE")) std::printf("fd %.9g  grad.v %.9g  rel %.2e\n", fd, gv, std::abs(fd - gv) / std::abs(gv));
     }
   }
 }
