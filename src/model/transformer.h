@@ -63,7 +63,8 @@ class Transformer {
   void upload_batch(const TokenBatch& b);
   void layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer* x_out);
   void layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer& dx);
-  // y (=|+=) x W^T (+ b) + scale * (x A^T) B^T; saves x A^T in lora_t.
+  // y (=|+=) x W^T (+ b) + scale * (x A^T) B^T; saves x A^T in lora_t (x -> dropout(x) in the
+  // LoRA path while dropout acts).
   void linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
                       const gpu::Buffer& lora_t, bool accumulate);
   void linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
