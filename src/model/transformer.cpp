@@ -180,7 +180,7 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   ops::gemm(ctx_, GemmShape{T, r, s->out, false, false, scale, 0.0f}, MatrixView{dy, DType::f32, 0, s->out},
             MatrixView{lora_.b(*s), DType::f32, 0, r}, MatrixView{dt, DType::f32, 0, r});
   if (dropout_on_) {
-    lora_input_backward_dropout(layer, *s, x, dt, dx);
+    lora_input_backward_dropout(layer, *s, x, dt, dx, 1.0f);
     return;
   }
   // dA += dt^T x                  [r, in]
@@ -216,7 +216,7 @@ void Transformer::lora_input_forward(size_t layer, const LoraSlot& s, const gpu:
 }
 
 void Transformer::lora_input_backward_dropout(size_t layer, const LoraSlot& s, const gpu::Buffer& x,
-                                              const gpu::Buffer& dt, const gpu::Buffer& dx) {
+                                              const gpu::Buffer& dt, const gpu::Buffer& dx, float grad_a_scale) {
   const uint32_t T = tokens_, r = s.rank;
   const ops::DropoutParams d = ops::dropout_params(
       lora_.settings().dropout, ops::dropout_key(dropout_stream_, layer, static_cast<uint32_t>(s.kind)));
@@ -227,7 +227,7 @@ void Transformer::lora_input_backward_dropout(size_t layer, const LoraSlot& s, c
     const MatrixView scratch{dropout_scratch_, DType::f32, 0, s.in};
     // the forward's mask, regenerated:  scratch = dropout(x[rows]);  dA += dt[rows]^T scratch
     ops::dropout_apply(ctx_, d, x, uint64_t(r0) * s.in, dropout_scratch_, 0, r0, n, s.in, false);
-    ops::gemm(ctx_, GemmShape{r, s.in, n, true, false, 1.0f, 1.0f}, dt_rows, scratch,
+    ops::gemm(ctx_, GemmShape{r, s.in, n, true, false, grad_a_scale, 1.0f}, dt_rows, scratch,
               MatrixView{lora_.grad_a(s), DType::f32, 0, s.in});
     // scratch = dt[rows] A;  dx[rows] += mask * scratch (dropout's backward is the same mask)
     ops::gemm(ctx_, GemmShape{n, s.in, r, false, false, 1.0f, 0.0f}, dt_rows,

@@ -71,9 +71,10 @@ class Transformer {
                        const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx);
   // lora_t = x A^T, or dropout(x) A^T while dropout acts.
   void lora_input_forward(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& lora_t);
-  // dA += dt^T dropout(x), dx += dropout'(dt A): linear_backward's LoRA input part with dropout.
+  // dA += grad_a_scale * dt^T dropout(x), dx += dropout'(dt A): linear_backward's LoRA input
+  // part with dropout.
   void lora_input_backward_dropout(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& dt,
-                                   const gpu::Buffer& dx);
+                                   const gpu::Buffer& dx, float grad_a_scale);
 
   gpu::Context& ctx_;
   const BaseWeights& base_;
