@@ -99,6 +99,14 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
                                           2 * act * widest + 2 * 4 * chunk);
   plan.parts.push_back(
       {"scratch", scratch, "activation gradients, one vocabulary chunk of logits"});
+  if (s.lora_dropout > 0) {
+    // dropout(x) of one projection input at a time, fp32, in row chunks of at most [tokens, hidden]
+    const std::uint64_t widest_in =
+        static_cast<std::uint64_t>(std::max({c.intermediate_size, c.q_dim()}));
+    plan.parts.push_back({"LoRA dropout scratch",
+                          4 * std::max(tokens * static_cast<std::uint64_t>(c.hidden_size), widest_in),
+                          "masks are hashed, not stored"});
+  }
   return plan;
 }
 

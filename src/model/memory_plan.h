@@ -37,6 +37,7 @@ struct TrainingSettings {
   bool checkpointing = true;          // keep each layer's input only, recompute inside it
   std::int64_t activation_bytes = 2;  // 2 in mixed precision (fp16/bf16), 4 in fp32 mode
   std::int64_t vocab_chunk = 8192;  // LM head + cross-entropy processed this many columns at a time
+  double lora_dropout = 0.0;        // > 0 adds the dropout scratch (model/transformer.h)
 };
 
 struct MemoryPart {

@@ -61,17 +61,33 @@ class Transformer {
 
   uint64_t activation_bytes() const { return activation_bytes_; }
 
+  // LoRA dropout (PEFT: y = base(x) + scale * B A dropout(x), p = the LoRA settings' dropout)
+  // acts in runs with backward = true when p > 0; forward-only runs (evaluation) see no dropout.
+  // Its masks are hashes of (seed, step, micro_batch, layer, projection, token, feature)
+  // (ops/dropout.h), so nothing is stored and the backward regenerates them. The trainer calls
+  // this before every backward run (each micro-batch); a backward run with p > 0 throws
+  // std::logic_error unless it was called since the previous one, so masks never repeat by
+  // accident.
+  void set_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro_batch);
+
  private:
   struct LayerActs;
   struct GradScratch;
   void upload_batch(const TokenBatch& b);
   void layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer* x_out);
   void layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer& dx);
-  // y (=|+=) x W^T (+ b) + scale * (x A^T) B^T; saves x A^T in lora_t.
+  // y (=|+=) x W^T (+ b) + scale * (x A^T) B^T; saves x A^T in lora_t (x -> dropout(x) in the
+  // LoRA path while dropout acts).
   void linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
                       const gpu::Buffer& lora_t, bool accumulate);
   void linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
                        const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx);
+  // lora_t = x A^T, or dropout(x) A^T while dropout acts.
+  void lora_input_forward(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& lora_t);
+  // dA += grad_a_scale * dt^T dropout(x), dx += dropout'(dt A): linear_backward's LoRA input
+  // part with dropout.
+  void lora_input_backward_dropout(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& dt,
+                                   const gpu::Buffer& dx, float grad_a_scale);
 
   gpu::Context& ctx_;
   const BaseWeights& base_;
@@ -90,6 +106,13 @@ class Transformer {
   std::vector<std::unique_ptr<LayerActs>> acts_;  // one per layer, or one shared when checkpointing
   std::unique_ptr<GradScratch> grad_;
   gpu::Buffer final_h_, final_rstd_;
+  // LoRA dropout: the micro-batch's key stream, whether this run applies it, and a scratch of
+  // [rows, in] for dropout(x) (and dt A in the backward): max_tokens x hidden floats, used in
+  // row chunks of scratch / in tokens, so wider projections (o, down) take several chunks.
+  uint64_t dropout_stream_ = 0;
+  bool dropout_seed_fresh_ = false, dropout_on_ = false;
+  gpu::Buffer dropout_scratch_;
+  uint64_t dropout_scratch_elems_ = 0;
   std::vector<gpu::Buffer> owned_;
   gpu::Buffer alloc(uint64_t bytes, const char* what);
 };

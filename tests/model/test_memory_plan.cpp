@@ -77,6 +77,12 @@ TEST(MemoryPlan, TrainingEstimateParts) {
   EXPECT_GT(off.total(), on.total());
   EXPECT_LT(on.total() / 1e9, 6.0);
   EXPECT_GT(on.total() / 1e9, 2.6);
+  // LoRA dropout adds one fp32 [tokens, hidden] scratch, nothing per layer.
+  TrainingSettings d = s;
+  d.lora_dropout = 0.1;
+  const MemoryPlan with_dropout = plan_training_memory(c, d);
+  EXPECT_EQ(with_dropout.total() - plan_training_memory(c, s).total(),
+            4u * std::uint64_t(d.batch * d.seq_len) * std::uint64_t(c.hidden_size));
 }
 
 }  // namespace

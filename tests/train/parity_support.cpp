@@ -60,6 +60,16 @@ const fs::path& parity_cases_dir() {
   return dir;
 }
 
+fs::path parity_case_dir(const std::string& name) {
+  const fs::path d = parity_cases_dir() / name;
+  // A build directory that generated its cases before `name` was added makes just that case.
+  if (!fs::exists(d / "case.json"))
+    run_once("/usr/bin/python3 " + std::string(FORJA_SOURCE_DIR) + "/tests/reference/parity_cases.py --out " +
+                 parity_cases_dir().string() + " --cases " + name + " > " + d.string() + ".log 2>&1",
+             fs::path(FORJA_BINARY_DIR) / ("parity_case_" + name + ".done"));
+  return d;
+}
+
 json read_json(const fs::path& p) {
   std::ifstream f(p);
   if (!f) throw std::runtime_error("cannot read " + p.string());
@@ -137,6 +147,9 @@ std::vector<double> train_like_reference(gpu::Context& ctx, model::Transformer& 
   os.total_steps = run.at("steps").get<int64_t>();
   train::AdamW adamw(ctx, lora, os);
   const int64_t accum = run.at("grad_accum").get<int64_t>();
+  // LoRA dropout masks: forja's stream (seed, step, micro-batch j of the step), as
+  // reference_run.py --dropout-rng hash applies them (no effect when the adapter's p is 0).
+  const uint64_t dropout_seed = run.value("seed", uint64_t{0});
 
   gpu::Buffer loss_sum = ctx.alloc(16);
   std::vector<double> losses;
@@ -146,8 +159,10 @@ std::vector<double> train_like_reference(gpu::Context& ctx, model::Transformer& 
     for (int64_t j = 0; j < accum; ++j) n += batches[(step * accum + j) % batches.size()].target_count();
     lora.zero_grads();
     ctx.fill(loss_sum, 0);
-    for (int64_t j = 0; j < accum; ++j)
+    for (int64_t j = 0; j < accum; ++j) {
+      tf.set_dropout_seed(dropout_seed, static_cast<uint64_t>(step), static_cast<uint64_t>(j));
       tf.run(batches[(step * accum + j) % batches.size()], static_cast<float>(1.0 / double(n)), loss_sum, true);
+    }
     losses.push_back(ctx.download<float>(loss_sum, 1)[0] / double(n));
 
     if (step == 0) {

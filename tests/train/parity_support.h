@@ -26,6 +26,9 @@ void run_once(const std::string& command, const std::filesystem::path& marker);
 // The same for an action in this process.
 void run_once(const std::function<void()>& action, const std::filesystem::path& marker);
 
+// parity_cases_dir() / name, making that case alone when the directory predates it.
+std::filesystem::path parity_case_dir(const std::string& name);
+
 nlohmann::json read_json(const std::filesystem::path& p);
 // batch.json -> micro-batches with targets shifted from the labels.
 std::vector<model::TokenBatch> read_batches(const std::filesystem::path& p);
