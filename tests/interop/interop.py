@@ -2,7 +2,8 @@
 """Adapter interoperability between forja and Hugging Face transformers + PEFT (run by
 run_interop.sh on a machine with torch, transformers, peft and safetensors).
 
-    interop.py make-model   --family qwen3|llama --out DIR        tiny random model in HF layout
+    interop.py make-model   --family qwen3|llama --out DIR [--size tiny|qwen3-0.6b]
+                                                                  random model in HF layout
                                                                   (+ forja's tiny tokenizer, data.jsonl)
     interop.py peft-adapter --model DIR --out DIR [--seed S]      adapter saved by PEFT, B != 0
     interop.py compare      --model DIR [--adapter DIR] --logits FORJA.safetensors [--eval-json J]
@@ -33,14 +34,19 @@ def make_model(a):
 
     os.makedirs(a.out, exist_ok=True)
     vocab = write_tokenizer(a.out)
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
-                  rms_norm_eps=1e-6, bos_token_id=vocab - 3, eos_token_id=vocab - 1, initializer_range=0.1)
+    if a.size == "tiny":
+        dims = dict(hidden_size=64, intermediate_size=112, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=32, initializer_range=0.1)
+    else:  # the body of Qwen3-0.6B (for timing forja generate; the vocabulary stays tiny)
+        dims = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                    num_key_value_heads=8, head_dim=128, initializer_range=0.02)
+    common = dict(vocab_size=vocab, max_position_embeddings=40960 if a.size != "tiny" else 512, rms_norm_eps=1e-6,
+                  bos_token_id=vocab - 3, eos_token_id=vocab - 1, **dims)
     if a.family == "qwen3":
-        cfg = transformers.Qwen3Config(rope_theta=1e6, tie_word_embeddings=False, **common)
+        cfg = transformers.Qwen3Config(tie_word_embeddings=False, **common)
         cls = transformers.Qwen3ForCausalLM
     else:
-        cfg = transformers.LlamaConfig(rope_theta=5e5, tie_word_embeddings=True, attention_bias=True, **common)
+        cfg = transformers.LlamaConfig(tie_word_embeddings=True, attention_bias=True, **common)
         cls = transformers.LlamaForCausalLM
     torch.manual_seed(a.seed)
     model = cls(cfg).float()
@@ -50,7 +56,7 @@ def make_model(a):
                 p.copy_(1 + 0.1 * torch.randn_like(p))  # never the all-ones init
             elif n.endswith(".bias"):
                 p.copy_(0.1 * torch.randn_like(p))
-    model.save_pretrained(a.out, safe_serialization=True)
+    model.save_pretrained(a.out)  # safetensors
     g = torch.Generator().manual_seed(a.seed)
     with open(os.path.join(a.out, "data.jsonl"), "w") as f:
         for n in (29, 7, 16):
@@ -126,6 +132,7 @@ def main():
     m.add_argument("--family", choices=["qwen3", "llama"], default="qwen3")
     m.add_argument("--out", required=True)
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--size", choices=["tiny", "qwen3-0.6b"], default="tiny")
     p = sub.add_parser("peft-adapter")
     p.add_argument("--model", required=True)
     p.add_argument("--out", required=True)
