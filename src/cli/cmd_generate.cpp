@@ -108,6 +108,7 @@ model::GenerationResult stream(Session& s, model::Generator& gen, std::span<cons
   auto choose = [&](std::span<const float> logits) { return s.sampler.next(logits); };
   auto on_token = [&](int32_t id) {
     if (std::find(s.stops.begin(), s.stops.end(), id) != s.stops.end()) return;  // not printed
+    if (id >= s.tok.vocab_size()) return;  // an embedding row past the tokenizer's ids: no text
     const std::string piece = text.push(id);
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
@@ -221,8 +222,9 @@ int run_generate(const GenerateArgs& a) {
     model::GenerationResult r = stream(s, gen, fresh, std::min(a.max_new_tokens, room));
     cached.insert(cached.end(), fresh.begin(), fresh.end());
     cached.insert(cached.end(), r.tokens.begin(), r.tokens.end() - (r.tokens.empty() ? 0 : 1));
-    std::vector<int32_t> answer = r.tokens;
-    if (r.reason == model::StopReason::eos) answer.pop_back();
+    std::vector<int32_t> answer;
+    for (int32_t id : r.tokens)
+      if (id < tok.vocab_size() && std::find(s.stops.begin(), s.stops.end(), id) == s.stops.end()) answer.push_back(id);
     history.push_back({"assistant", tok.decode(answer, true), std::nullopt});
   }
   return 0;
