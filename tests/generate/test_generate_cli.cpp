@@ -87,7 +87,7 @@ TEST_F(GenerateCli, EvalLossMatchesReference) {
 TEST_F(GenerateCli, DumpLogitsWritesTheFirstExampleLogits) {
   const fs::path out = fs::path(FORJA_BINARY_DIR) / "generate_cli_dump.safetensors";
   const Result r = run("eval --model " + (dir() / "model").string() + " --data " + (dir() / "data.jsonl").string() +
-                       " --quant none --adapter " + (dir() / "adapter").string() + " --dump-logits " + out.string());
+                       " --quant none --seq-len 48 --adapter " + (dir() / "adapter").string() + " --dump-logits " + out.string());
   ASSERT_EQ(r.rc, 0) << r.err;
   const io::SafetensorsFile f = io::SafetensorsFile::open(out);
   const std::vector<float> ids = f.tensor("input_ids").to_float();
@@ -103,6 +103,30 @@ TEST_F(GenerateCli, DumpLogitsWritesTheFirstExampleLogits) {
   EXPECT_EQ(f.tensor("logits").shape(), (std::vector<int64_t>{int64_t(ids.size()), V}));
   for (float x : logits) ASSERT_TRUE(std::isfinite(x));
   fs::remove(out);
+}
+
+// An adapter written by forja (random-adapter: a subset of targets given out of order, B != 0)
+// loads in the reference as PEFT's format says, and forja's logits with it match.
+TEST_F(GenerateCli, RandomAdapterMatchesTheReference) {
+  const fs::path adapter = fs::path(FORJA_BINARY_DIR) / "generate_cli_random_adapter";
+  const fs::path dump = fs::path(FORJA_BINARY_DIR) / "generate_cli_random_adapter.safetensors";
+  const std::string model = (dir("qwen2-bias") / "model").string();
+  Result r = run("random-adapter --model " + model + " --out " + adapter.string() +
+                 " --rank 3 --alpha 6 --targets v_proj,q_proj,down_proj --seed 4");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  r = run("eval --model " + model + " --adapter " + adapter.string() + " --data " +
+          (dir("qwen2-bias") / "data.jsonl").string() + " --quant none --seq-len 48 --dump-logits " + dump.string());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string cmd = "/usr/bin/python3 " + std::string(FORJA_SOURCE_DIR) + "/tests/generate/reference_logits.py " +
+                          model + " " + adapter.string() + " " + dump.string();
+  FILE* f = ::popen(cmd.c_str(), "r");
+  double rel = 1, effect = 0;
+  ASSERT_EQ(std::fscanf(f, "rel %lf effect %lf", &rel, &effect), 2);
+  ::pclose(f);
+  EXPECT_LT(rel, 1e-4);
+  EXPECT_GT(effect, 1e-3);  // the adapter really changes the logits
+  fs::remove_all(adapter);
+  fs::remove(dump);
 }
 
 TEST_F(GenerateCli, GenerationIsReproducible) {
