@@ -60,7 +60,8 @@ void dump_logits(gpu::Context& ctx, const model::LoadedModel& m, const model::Lo
   const uint64_t floats = ids.size() * uint64_t(m.config.vocab_size);
   if (floats > kMaxDumpFloats)
     throw UserError("--dump-logits: " + std::to_string(ids.size()) + " tokens x " +
-                    std::to_string(m.config.vocab_size) + " logits is too large to dump; use a shorter first example "
+                    std::to_string(m.config.vocab_size) +
+                    " logits is too large to dump; use a shorter first example "
                     "or a smaller --seq-len");
   model::Generator gen(ctx, m.base, lora, static_cast<uint32_t>(ids.size()));
   std::vector<float> logits = gen.forward(ids, true);
@@ -120,7 +121,8 @@ int run_eval(const EvalArgs& a) {
                           true);
     for (int64_t i = 0; i < batches; ++i) {
       const data::Batch b = ds.batch(0, i, a.batch_size);
-      if (i == 0 && !a.dump_logits.empty()) dump_logits(*ctx, m, a.adapter.empty() ? nullptr : lora.get(), b, a.dump_logits);
+      if (i == 0 && !a.dump_logits.empty())
+        dump_logits(*ctx, m, a.adapter.empty() ? nullptr : lora.get(), b, a.dump_logits);
       if (b.rows == 0) continue;
       const model::TokenBatch tb = to_token_batch(b);
       targets += tb.target_count();
@@ -132,9 +134,15 @@ int run_eval(const EvalArgs& a) {
   if (targets == 0) throw UserError(a.data + ": no loss tokens (every label is -100)");
   const double loss = sum / double(targets), ppl = std::exp(loss);
   if (a.json) {
-    nlohmann::json j = {{"loss", loss},       {"perplexity", ppl},         {"loss_tokens", targets},
-                        {"batches", batches}, {"examples", ds.num_examples()}, {"seq_len", o.seq_len},
-                        {"model", a.model},   {"adapter", a.adapter},      {"quant", a.quant}};
+    nlohmann::json j = {{"loss", loss},
+                        {"perplexity", ppl},
+                        {"loss_tokens", targets},
+                        {"batches", batches},
+                        {"examples", ds.num_examples()},
+                        {"seq_len", o.seq_len},
+                        {"model", a.model},
+                        {"adapter", a.adapter},
+                        {"quant", a.quant}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("eval %s%s on %s: %lld examples, %llu loss tokens, loss %.6f, perplexity %.4f\n", a.model.c_str(),
@@ -144,25 +152,26 @@ int run_eval(const EvalArgs& a) {
   return 0;
 }
 
-forja::cli::CommandRegistration reg{"eval", 61, [](CLI::App& app) {
-  auto* cmd = app.add_subcommand("eval", "Mean loss and perplexity of a model (+ adapter) on a dataset");
-  auto a = std::make_shared<EvalArgs>();
-  cmd->add_option("--model", a->model, "Hugging Face model directory")->required();
-  cmd->add_option("--adapter", a->adapter, "PEFT LoRA adapter directory");
-  cmd->add_option("--data", a->data, "JSONL dataset (the formats forja train reads)")->required();
-  cmd->add_option("--seq-len", a->seq_len, "Tokens per row (default: min(2048, the model's maximum))");
-  cmd->add_option("--batch-size", a->batch_size, "Rows per forward pass (default 4)");
-  cmd->add_option("--quant", a->quant, "Base weights: nf4 (default, as in training) or none (fp32)");
-  cmd->add_option("--chat-template", a->chat_template, "Chat template name for conversations (default: detect)");
-  cmd->add_option("--device", a->device, "Vulkan device index (see forja devices)");
-  cmd->add_flag("--json", a->json, "Print one JSON line");
-  cmd->add_option("--dump-logits", a->dump_logits,
-                  "Also write the first example's input ids and fp32 logits [T, V] (generator prefill) to this "
-                  ".safetensors file (small inputs only)");
-  return [a, cmd]() -> int {
-    if (!cmd->parsed()) return -1;
-    return run_eval(*a);
-  };
-}};
+forja::cli::CommandRegistration reg{
+    "eval", 61, [](CLI::App& app) {
+      auto* cmd = app.add_subcommand("eval", "Mean loss and perplexity of a model (+ adapter) on a dataset");
+      auto a = std::make_shared<EvalArgs>();
+      cmd->add_option("--model", a->model, "Hugging Face model directory")->required();
+      cmd->add_option("--adapter", a->adapter, "PEFT LoRA adapter directory");
+      cmd->add_option("--data", a->data, "JSONL dataset (the formats forja train reads)")->required();
+      cmd->add_option("--seq-len", a->seq_len, "Tokens per row (default: min(2048, the model's maximum))");
+      cmd->add_option("--batch-size", a->batch_size, "Rows per forward pass (default 4)");
+      cmd->add_option("--quant", a->quant, "Base weights: nf4 (default, as in training) or none (fp32)");
+      cmd->add_option("--chat-template", a->chat_template, "Chat template name for conversations (default: detect)");
+      cmd->add_option("--device", a->device, "Vulkan device index (see forja devices)");
+      cmd->add_flag("--json", a->json, "Print one JSON line");
+      cmd->add_option("--dump-logits", a->dump_logits,
+                      "Also write the first example's input ids and fp32 logits [T, V] (generator prefill) to this "
+                      ".safetensors file (small inputs only)");
+      return [a, cmd]() -> int {
+        if (!cmd->parsed()) return -1;
+        return run_eval(*a);
+      };
+    }};
 
 }  // namespace

@@ -59,8 +59,7 @@ model::SamplingSettings choose_sampling(const GenerateArgs& a, const model::Gene
     note = "greedy decoding";
   } else {
     note = "sampling with temperature " + std::to_string(s.temperature).substr(0, 5) + ", top-k " +
-           (s.top_k ? std::to_string(s.top_k) : std::string("off")) + ", top-p " +
-           std::to_string(s.top_p).substr(0, 5);
+           (s.top_k ? std::to_string(s.top_k) : std::string("off")) + ", top-p " + std::to_string(s.top_p).substr(0, 5);
   }
   if (file_samples && (!a.temperature || !a.top_k || !a.top_p))
     note += " (defaults from " + g.path + "; --temperature 0 for greedy)";
@@ -150,14 +149,13 @@ int run_generate(const GenerateArgs& a) {
     tmpl = data::ChatTemplate::detect(tok.config());
   } else if (a.chat) {
     throw UserError(a.no_chat_template ? "--chat needs the chat template; drop --no-chat-template"
-                                       : a.model + ": the tokenizer has no chat_template, so --chat cannot format "
-                                                   "a conversation; use --prompt");
+                                       : a.model +
+                                             ": the tokenizer has no chat_template, so --chat cannot format "
+                                             "a conversation; use --prompt");
   }
   Session s{*ctx, m, tok, tmpl, stop_ids(m.config, gcfg, tok, tmpl ? &*tmpl : nullptr), std::move(sampler)};
-  std::fprintf(stderr, "forja: %s%s, %s, %s\n", m.dir.string().c_str(),
-               lora ? (" + adapter " + a.adapter).c_str() : "", tmpl ? ("chat template " + tmpl->name()).c_str()
-                                                                    : "no chat template",
-               note.c_str());
+  std::fprintf(stderr, "forja: %s%s, %s, %s\n", m.dir.string().c_str(), lora ? (" + adapter " + a.adapter).c_str() : "",
+               tmpl ? ("chat template " + tmpl->name()).c_str() : "no chat template", note.c_str());
   data::ChatRenderOptions render;
   render.add_generation_prompt = true;
   if (a.no_thinking) render.enable_thinking = false;
@@ -189,8 +187,9 @@ int run_generate(const GenerateArgs& a) {
   model::Generator gen(*ctx, m.base, lora.get(), max_context);
   std::vector<data::ChatMessage> history;
   std::vector<int32_t> cached;  // the ids in gen's cache
-  std::fprintf(stderr, "forja: chat (context %u tokens). Type a message; /reset starts over, /exit or end of input "
-                       "quits.\n",
+  std::fprintf(stderr,
+               "forja: chat (context %u tokens). Type a message; /reset starts over, /exit or end of input "
+               "quits.\n",
                max_context);
   std::string line;
   for (;;) {
@@ -207,8 +206,9 @@ int run_generate(const GenerateArgs& a) {
     const std::vector<int32_t> ids = tok.encode(tmpl->render_text(history, render, bos_text(tok)));
     if (ids.size() + 1 >= max_context) {
       history.pop_back();
-      std::fprintf(stderr, "forja: the conversation no longer fits the context of %u tokens; /reset to start over "
-                           "(or a larger --max-context)\n",
+      std::fprintf(stderr,
+                   "forja: the conversation no longer fits the context of %u tokens; /reset to start over "
+                   "(or a larger --max-context)\n",
                    max_context);
       continue;
     }
@@ -230,34 +230,35 @@ int run_generate(const GenerateArgs& a) {
   return 0;
 }
 
-forja::cli::CommandRegistration reg{"generate", 60, [](CLI::App& app) {
-  auto* cmd = app.add_subcommand("generate", "Generate text with a model and optionally a LoRA adapter");
-  auto a = std::make_shared<GenerateArgs>();
-  cmd->add_option("--model", a->model, "Hugging Face model directory (config.json, safetensors, tokenizer)")
-      ->required();
-  cmd->add_option("--adapter", a->adapter, "PEFT LoRA adapter directory (from forja train or PEFT)");
-  cmd->add_option("--prompt", a->prompt, "Prompt text (one answer)");
-  cmd->add_flag("--chat", a->chat, "Interactive conversation: one message per stdin line");
-  cmd->add_option("--max-new-tokens", a->max_new_tokens, "Most tokens to generate per answer (default 512)");
-  cmd->add_option("--max-context", a->max_context,
-                  "KV cache length in tokens (default: prompt + --max-new-tokens; 4096 with --chat)");
-  cmd->add_option("--temperature", a->temperature_flag,
-                  "0 = greedy; > 0 samples (default: generation_config.json's, else greedy)");
-  cmd->add_option("--top-k", a->top_k_flag, "Sample from the K most likely tokens (0 = all)");
-  cmd->add_option("--top-p", a->top_p_flag, "Sample from the smallest set of tokens with probability >= P");
-  cmd->add_option("--seed", a->seed_flag, "Random seed: the same seed gives the same sample");
-  cmd->add_option("--quant", a->quant, "Base weights: nf4 (default, as in training) or none (fp32)");
-  cmd->add_option("--device", a->device, "Vulkan device index (see forja devices)");
-  cmd->add_flag("--no-chat-template", a->no_chat_template, "Feed --prompt as raw text");
-  cmd->add_flag("--no-thinking", a->no_thinking, "Qwen3: answer without a think block (enable_thinking=false)");
-  return [a, cmd]() -> int {
-    if (!cmd->parsed()) return -1;
-    if (cmd->count("--temperature")) a->temperature = a->temperature_flag;
-    if (cmd->count("--top-k")) a->top_k = a->top_k_flag;
-    if (cmd->count("--top-p")) a->top_p = a->top_p_flag;
-    if (cmd->count("--seed")) a->seed = a->seed_flag;
-    return run_generate(*a);
-  };
-}};
+forja::cli::CommandRegistration reg{
+    "generate", 60, [](CLI::App& app) {
+      auto* cmd = app.add_subcommand("generate", "Generate text with a model and optionally a LoRA adapter");
+      auto a = std::make_shared<GenerateArgs>();
+      cmd->add_option("--model", a->model, "Hugging Face model directory (config.json, safetensors, tokenizer)")
+          ->required();
+      cmd->add_option("--adapter", a->adapter, "PEFT LoRA adapter directory (from forja train or PEFT)");
+      cmd->add_option("--prompt", a->prompt, "Prompt text (one answer)");
+      cmd->add_flag("--chat", a->chat, "Interactive conversation: one message per stdin line");
+      cmd->add_option("--max-new-tokens", a->max_new_tokens, "Most tokens to generate per answer (default 512)");
+      cmd->add_option("--max-context", a->max_context,
+                      "KV cache length in tokens (default: prompt + --max-new-tokens; 4096 with --chat)");
+      cmd->add_option("--temperature", a->temperature_flag,
+                      "0 = greedy; > 0 samples (default: generation_config.json's, else greedy)");
+      cmd->add_option("--top-k", a->top_k_flag, "Sample from the K most likely tokens (0 = all)");
+      cmd->add_option("--top-p", a->top_p_flag, "Sample from the smallest set of tokens with probability >= P");
+      cmd->add_option("--seed", a->seed_flag, "Random seed: the same seed gives the same sample");
+      cmd->add_option("--quant", a->quant, "Base weights: nf4 (default, as in training) or none (fp32)");
+      cmd->add_option("--device", a->device, "Vulkan device index (see forja devices)");
+      cmd->add_flag("--no-chat-template", a->no_chat_template, "Feed --prompt as raw text");
+      cmd->add_flag("--no-thinking", a->no_thinking, "Qwen3: answer without a think block (enable_thinking=false)");
+      return [a, cmd]() -> int {
+        if (!cmd->parsed()) return -1;
+        if (cmd->count("--temperature")) a->temperature = a->temperature_flag;
+        if (cmd->count("--top-k")) a->top_k = a->top_k_flag;
+        if (cmd->count("--top-p")) a->top_p = a->top_p_flag;
+        if (cmd->count("--seed")) a->seed = a->seed_flag;
+        return run_generate(*a);
+      };
+    }};
 
 }  // namespace

@@ -63,21 +63,22 @@ int run_random_adapter(const RandomAdapterArgs& a) {
 }
 
 forja::cli::CommandRegistration reg{"random-adapter", 99, [](CLI::App& app) {
-  auto* cmd = app.add_subcommand("random-adapter", "Write a random LoRA adapter with non-zero B (tests)");
-  cmd->group("");  // hidden from --help: a testing aid
-  auto a = std::make_shared<RandomAdapterArgs>();
-  cmd->add_option("--model", a->model, "Model directory (config.json)")->required();
-  cmd->add_option("--out", a->out, "Adapter directory to write")->required();
-  cmd->add_option("--rank", a->rank, "LoRA rank");
-  cmd->add_option("--alpha", a->alpha, "LoRA alpha");
-  cmd->add_option("--targets", a->targets, "Comma-separated projections");
-  cmd->add_option("--seed", a->seed, "Random seed");
-  cmd->add_option("--b-scale", a->b_scale, "B ~ U(-b, b)");
-  cmd->add_flag("--rslora", a->rslora, "Scale alpha / sqrt(r)");
-  return [a, cmd]() -> int {
-    if (!cmd->parsed()) return -1;
-    return run_random_adapter(*a);
-  };
-}};
+                                      auto* cmd = app.add_subcommand(
+                                          "random-adapter", "Write a random LoRA adapter with non-zero B (tests)");
+                                      cmd->group("");  // hidden from --help: a testing aid
+                                      auto a = std::make_shared<RandomAdapterArgs>();
+                                      cmd->add_option("--model", a->model, "Model directory (config.json)")->required();
+                                      cmd->add_option("--out", a->out, "Adapter directory to write")->required();
+                                      cmd->add_option("--rank", a->rank, "LoRA rank");
+                                      cmd->add_option("--alpha", a->alpha, "LoRA alpha");
+                                      cmd->add_option("--targets", a->targets, "Comma-separated projections");
+                                      cmd->add_option("--seed", a->seed, "Random seed");
+                                      cmd->add_option("--b-scale", a->b_scale, "B ~ U(-b, b)");
+                                      cmd->add_flag("--rslora", a->rslora, "Scale alpha / sqrt(r)");
+                                      return [a, cmd]() -> int {
+                                        if (!cmd->parsed()) return -1;
+                                        return run_random_adapter(*a);
+                                      };
+                                    }};
 
 }  // namespace

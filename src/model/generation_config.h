@@ -11,7 +11,7 @@
 namespace forja::model {
 
 struct GenerationConfig {
-  std::string path;  // "" when the model has none
+  std::string path;        // "" when the model has none
   bool do_sample = false;  // transformers' default: greedy
   std::optional<double> temperature, top_p;
   std::optional<int64_t> top_k;

@@ -32,12 +32,16 @@ gpu::Buffer Generator::alloc(uint64_t bytes, const char* what) {
 
 Generator::Generator(gpu::Context& ctx, const BaseWeights& base, const LoraSet* lora, uint32_t max_context,
                      uint32_t max_chunk)
-    : ctx_(ctx), base_(base), lora_(lora), c_(base.config), max_context_(max_context),
+    : ctx_(ctx),
+      base_(base),
+      lora_(lora),
+      c_(base.config),
+      max_context_(max_context),
       max_chunk_(std::max<uint32_t>(1, std::min(max_chunk, max_context))) {
   if (max_context == 0) throw UserError("the context length must be at least 1 token");
   if (base.embed_dtype != DType::f32) throw std::logic_error("Generator: the LM head must be fp32");
-  const uint64_t T = max_chunk_, H = c_.hidden_size, I = c_.intermediate_size, nh = c_.num_heads,
-                 nkv = c_.num_kv_heads, d = c_.head_dim, V = c_.vocab_size;
+  const uint64_t T = max_chunk_, H = c_.hidden_size, I = c_.intermediate_size, nh = c_.num_heads, nkv = c_.num_kv_heads,
+                 d = c_.head_dim, V = c_.vocab_size;
   const uint64_t cache_bytes = uint64_t(max_context) * nkv * d * 4;
   if (cache_bytes > ctx.info().max_storage_buffer_range)
     throw UserError("a context of " + std::to_string(max_context) + " tokens needs a KV cache of " +
@@ -175,7 +179,8 @@ std::vector<float> Generator::forward(std::span<const int32_t> tokens, bool all_
 }
 
 GenerationResult generate(Generator& gen, std::span<const int32_t> prompt, uint32_t max_new_tokens,
-                          std::span<const int32_t> stop_ids, const std::function<int32_t(std::span<const float>)>& choose,
+                          std::span<const int32_t> stop_ids,
+                          const std::function<int32_t(std::span<const float>)>& choose,
                           const std::function<void(int32_t)>& on_token) {
   GenerationResult result;
   if (max_new_tokens == 0) return result;

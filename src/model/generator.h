@@ -73,7 +73,8 @@ struct GenerationResult {
 // is chosen; stops after a token in `stop_ids`. The stop token is fed to the cache only when
 // generation goes on (it is not, so a chat's next turn re-feeds the template's own text).
 GenerationResult generate(Generator& gen, std::span<const int32_t> prompt, uint32_t max_new_tokens,
-                          std::span<const int32_t> stop_ids, const std::function<int32_t(std::span<const float>)>& choose,
+                          std::span<const int32_t> stop_ids,
+                          const std::function<int32_t(std::span<const float>)>& choose,
                           const std::function<void(int32_t)>& on_token);
 
 }  // namespace forja::model

@@ -35,7 +35,8 @@ std::unique_ptr<LoraSet> load_adapter(gpu::Context& ctx, const ModelConfig& conf
   io::Adapter adapter = io::load_adapter(adapter_dir, shapes);
   // target_modules may say "all-linear" or "self_attn.q_proj": LoraSettings wants plain names.
   std::vector<std::string> names;
-  for (const io::LoraTarget* t : io::resolve_targets(adapter.config, shapes, (adapter_dir / "adapter_config.json").string()))
+  for (const io::LoraTarget* t :
+       io::resolve_targets(adapter.config, shapes, (adapter_dir / "adapter_config.json").string()))
     names.push_back(t->name);
   adapter.config.target_modules = names;
   auto lora = std::make_unique<LoraSet>(ctx, config, LoraSettings::from_peft(adapter.config));

@@ -34,7 +34,9 @@ void cached_attention(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer
   if (q_bytes > limit || kv_bytes > limit)
     throw std::logic_error("cached_attention: a tensor exceeds the device's storage-buffer binding limit");
   // Bind only what is read or written: a 16-byte rounded prefix of each buffer.
-  auto prefix = [](const gpu::Buffer& b, uint64_t bytes) { return b.slice(0, std::min(b.size, (bytes + 15) / 16 * 16)); };
+  auto prefix = [](const gpu::Buffer& b, uint64_t bytes) {
+    return b.slice(0, std::min(b.size, (bytes + 15) / 16 * 16));
+  };
   const auto& p = ctx.pipelines().get("cached_attention", 4, sizeof(CachedAttentionPush));
   const CachedAttentionPush push{n_heads, n_kv_heads, head_dim, first_pos, scale};
   const double keys = double(first_pos) * queries + double(queries) * (queries + 1) / 2;

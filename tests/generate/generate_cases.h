@@ -20,5 +20,4 @@ inline const std::filesystem::path& generate_cases_dir() {
   return dir;
 }
 
-
 }  // namespace forja::test

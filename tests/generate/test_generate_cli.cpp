@@ -86,8 +86,9 @@ TEST_F(GenerateCli, EvalLossMatchesReference) {
 
 TEST_F(GenerateCli, DumpLogitsWritesTheFirstExampleLogits) {
   const fs::path out = fs::path(FORJA_BINARY_DIR) / "generate_cli_dump.safetensors";
-  const Result r = run("eval --model " + (dir() / "model").string() + " --data " + (dir() / "data.jsonl").string() +
-                       " --quant none --seq-len 48 --adapter " + (dir() / "adapter").string() + " --dump-logits " + out.string());
+  const Result r =
+      run("eval --model " + (dir() / "model").string() + " --data " + (dir() / "data.jsonl").string() +
+          " --quant none --seq-len 48 --adapter " + (dir() / "adapter").string() + " --dump-logits " + out.string());
   ASSERT_EQ(r.rc, 0) << r.err;
   const io::SafetensorsFile f = io::SafetensorsFile::open(out);
   const std::vector<float> ids = f.tensor("input_ids").to_float();
@@ -136,7 +137,8 @@ TEST_F(GenerateCli, GenerationIsReproducible) {
   ASSERT_EQ(g1.rc, 0) << g1.err;
   EXPECT_EQ(g1.out, g2.out);
   EXPECT_NE(g1.err.find("greedy"), std::string::npos) << g1.err;
-  const Result s1 = run(base + " --temperature 1.3 --top-k 50 --seed 11"), s2 = run(base + " --temperature 1.3 --top-k 50 --seed 11");
+  const Result s1 = run(base + " --temperature 1.3 --top-k 50 --seed 11"),
+               s2 = run(base + " --temperature 1.3 --top-k 50 --seed 11");
   ASSERT_EQ(s1.rc, 0) << s1.err;
   EXPECT_EQ(s1.out, s2.out);
   EXPECT_FALSE(s1.out.empty());
@@ -174,9 +176,9 @@ TEST_F(GenerateCli, UserErrorsExit2WithOneLine) {
   expect_user_error(run("generate --model " + model + " --prompt hi --adapter /nonexistent/adapter"),
                     "/nonexistent/adapter");
   // an adapter made for another model (other shapes)
-  expect_user_error(run("generate --model " + model + " --prompt hi --adapter " +
-                        (dir("llama-rope") / "adapter").string()),
-                    "adapter");
+  expect_user_error(
+      run("generate --model " + model + " --prompt hi --adapter " + (dir("llama-rope") / "adapter").string()),
+      "adapter");
   expect_user_error(run("eval --model " + model + " --data /nonexistent/data.jsonl"), "/nonexistent/data.jsonl");
   expect_user_error(run("eval --model " + model + " --data " + (dir() / "data.jsonl").string() + " --batch-size 0"),
                     "--batch-size");

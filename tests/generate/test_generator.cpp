@@ -136,7 +136,8 @@ TEST_P(GeneratorCase, StopsAtAnEndToken) {
   const int32_t stop[1] = {first.tokens[2]};
   const auto r = model::generate(gen, prompt, 5, stop, choose, nullptr);
   EXPECT_EQ(r.reason, model::StopReason::eos);
-  EXPECT_EQ(r.tokens.size(), size_t(std::find(first.tokens.begin(), first.tokens.end(), stop[0]) - first.tokens.begin()) + 1);
+  EXPECT_EQ(r.tokens.size(),
+            size_t(std::find(first.tokens.begin(), first.tokens.end(), stop[0]) - first.tokens.begin()) + 1);
 }
 
 std::string case_name(const ::testing::TestParamInfo<std::string>& info) {
