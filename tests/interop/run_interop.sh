@@ -13,6 +13,14 @@ set -u
 FORJA=${1:-.dist/forja}
 PY=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")" && pwd)
+[ -x "$FORJA" ] || { echo "FAIL: $FORJA is not an executable forja (give its path as the first argument)"; exit 1; }
+if ! $PY -c "import torch, transformers, peft, safetensors" 2>/dev/null; then
+  echo "FAIL: $PY lacks one of torch, transformers, peft, safetensors:"
+  $PY -c "import torch, transformers, peft, safetensors" 2>&1 | tail -1
+  echo "(install or carry the missing packages, e.g. a peft wheel, and run again)"
+  exit 1
+fi
+$PY -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
 W=$(mktemp -d /tmp/forja_interop.XXXXXX)
 fail=0
 check() { "$@" || fail=1; }
