@@ -31,11 +31,42 @@ constexpr std::int64_t kTile = 256;
 
 // v rounded to float towards zero, with the lowest mantissa bit set when inexact ("round to
 // odd"): a later rounding to a format with at least 2 fewer mantissa bits is then correct.
-float round_to_odd_float(double v) {
-  float f = static_cast<float>(v);
-  if (std::isnan(v) || static_cast<double>(f) == v) return f;
-  if (std::fabs(static_cast<double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
-  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) | 1u);
+inline float round_to_odd_float(double v) {
+  const float f = static_cast<float>(v);
+  std::uint32_t u = std::bit_cast<std::uint32_t>(f);
+  if (static_cast<double>(f) != v && !std::isnan(v)) {
+    // One step towards zero when the nearest float overshot (an infinity becomes FLT_MAX).
+    if (std::fabs(static_cast<double>(f)) > std::fabs(v)) --u;
+    u |= 1u;
+  }
+  return std::bit_cast<float>(u);
+}
+
+// out[j] = round(w[j] + delta[j]) in the output dtype, the dtype's branch outside the loop.
+void store_sum(io::Dtype dtype, const float* w, const double* delta, std::int64_t n,
+               std::byte* out) {
+  switch (dtype) {
+    case io::Dtype::F32:
+      for (std::int64_t j = 0; j < n; ++j) {
+        const float f = static_cast<float>(static_cast<double>(w[j]) + delta[j]);
+        std::memcpy(out + 4 * j, &f, 4);
+      }
+      return;
+    case io::Dtype::BF16:
+      for (std::int64_t j = 0; j < n; ++j) {
+        const std::uint16_t h =
+            io::float_to_bf16(round_to_odd_float(static_cast<double>(w[j]) + delta[j]));
+        std::memcpy(out + 2 * j, &h, 2);
+      }
+      return;
+    case io::Dtype::F16:
+      for (std::int64_t j = 0; j < n; ++j) {
+        const std::uint16_t h =
+            io::float_to_f16(round_to_odd_float(static_cast<double>(w[j]) + delta[j]));
+        std::memcpy(out + 2 * j, &h, 2);
+      }
+      return;
+  }
 }
 
 const char* torch_dtype_name(io::Dtype d) {
@@ -159,9 +190,7 @@ void merge_rows(const WeightReader& weight, std::int64_t in_features, std::int64
       }
       const std::int64_t first = row * in_features + c0;
       weight(first, std::span<float>(w, static_cast<std::size_t>(n)));
-      std::byte* dst = out.data() + static_cast<std::size_t>(first) * esize;
-      for (std::int64_t j = 0; j < n; ++j)
-        store_rounded(out_dtype, static_cast<double>(w[j]) + delta[j], dst + j * esize);
+      store_sum(out_dtype, w, delta, n, out.data() + static_cast<std::size_t>(first) * esize);
     }
   }
 }
