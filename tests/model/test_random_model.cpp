@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "model/config_fixtures.h"
 #include "model/nf4.h"
 #include "model/random_model.h"
 #include "support/gpu_fixture.h"
@@ -35,6 +36,29 @@ TEST(BenchShapes, MatchTheReleasedQwen3Sizes) {
   EXPECT_EQ(big.head_dim, 128);
   EXPECT_EQ(big.rope_theta, 1e6);
   EXPECT_TRUE(bench_shape_config("qwen3-4b").tie_word_embeddings);
+}
+
+TEST(BenchShapes, SameArchitectureAsTheQwen3ConfigFixtures) {
+  const std::pair<const char*, std::string> cases[] = {
+      {"qwen3-0.6b", test::qwen3_0_6b()}, {"qwen3-4b", test::qwen3_4b()}, {"qwen3-8b", test::qwen3_8b()}};
+  for (const auto& [name, json] : cases) {
+    const ModelConfig want = parse_model_config(json, "config.json"), got = bench_shape_config(name);
+    EXPECT_EQ(got.architecture, want.architecture) << name;
+    EXPECT_EQ(got.vocab_size, want.vocab_size) << name;
+    EXPECT_EQ(got.hidden_size, want.hidden_size) << name;
+    EXPECT_EQ(got.intermediate_size, want.intermediate_size) << name;
+    EXPECT_EQ(got.num_layers, want.num_layers) << name;
+    EXPECT_EQ(got.num_heads, want.num_heads) << name;
+    EXPECT_EQ(got.num_kv_heads, want.num_kv_heads) << name;
+    EXPECT_EQ(got.head_dim, want.head_dim) << name;
+    EXPECT_EQ(got.rms_norm_eps, want.rms_norm_eps) << name;
+    EXPECT_EQ(got.rope_theta, want.rope_theta) << name;
+    EXPECT_EQ(got.max_position_embeddings, want.max_position_embeddings) << name;
+    EXPECT_EQ(got.tie_word_embeddings, want.tie_word_embeddings) << name;
+    EXPECT_EQ(got.qk_norm, want.qk_norm) << name;
+    EXPECT_EQ(got.qkv_bias || got.o_bias || got.mlp_bias, false) << name;
+    EXPECT_EQ(rope_inv_freq(got), rope_inv_freq(want)) << name;
+  }
 }
 
 TEST(BenchShapes, UnknownShapeListsTheValidOnes) {
