@@ -68,32 +68,38 @@ std::string shape_list() {
   return list;
 }
 
-// Rejects what cannot run, before any GPU work, naming the flag and the valid range.
-void check_options(const BenchOptions& o, const model::ModelConfig& c, const gpu::DeviceInfo& device) {
-  if (o.batch < 1) throw UserError("--batch " + std::to_string(o.batch) + ": must be at least 1");
-  if (o.seq_len < 2)
-    throw UserError("--seq-len " + std::to_string(o.seq_len) + ": must be at least 2 (one token to predict)");
+// Rejects what cannot run, naming the flag and the valid range: first what needs no device,
+// then (`device` given) the sequence length the device's storage bindings allow.
+void check_options(const BenchOptions& o, const model::ModelConfig& c, const gpu::DeviceInfo* device) {
+  if (!device) {
+    if (o.batch < 1) throw UserError("--batch " + std::to_string(o.batch) + ": must be at least 1");
+    if (o.seq_len < 2)
+      throw UserError("--seq-len " + std::to_string(o.seq_len) + ": must be at least 2 (one token to predict)");
+    if (double(o.batch) * double(o.seq_len) > double(std::numeric_limits<int32_t>::max()) /
+                                                  double(std::max(c.hidden_size, c.intermediate_size)))
+      throw UserError("--batch x --seq-len: " + std::to_string(o.batch) + " x " + std::to_string(o.seq_len) +
+                      " tokens per step is more than the engine indexes; lower --batch or --seq-len");
+    if (o.precision == "mixed") throw UserError("--precision mixed: not available yet in this build");
+    if (o.lora_rank < 1) throw UserError("--lora-rank must be at least 1");
+    return;
+  }
   // attention binds one sequence of q at a time (ops/attention.cpp)
-  const uint64_t slack = std::max<uint64_t>(256, device.min_storage_offset_alignment);
+  const uint64_t slack = std::max<uint64_t>(256, device->min_storage_offset_alignment);
   const int64_t binding_seq =
-      static_cast<int64_t>((device.max_storage_buffer_range - slack) / (uint64_t(c.q_dim()) * 4));
+      static_cast<int64_t>((device->max_storage_buffer_range - slack) / (uint64_t(c.q_dim()) * 4));
   const int64_t max_seq = std::min(c.max_position_embeddings, binding_seq);
   if (o.seq_len > max_seq)
     throw UserError("--seq-len " + std::to_string(o.seq_len) + ": at most " + std::to_string(max_seq) +
                     " fits the " + o.shape + " shape on this device (max positions " +
                     std::to_string(c.max_position_embeddings) + ", one sequence per storage binding); choose 2.." +
                     std::to_string(max_seq));
-  if (o.batch * o.seq_len > int64_t(std::numeric_limits<int32_t>::max()) / std::max(c.hidden_size, c.intermediate_size))
-    throw UserError("--batch x --seq-len: " + std::to_string(o.batch * o.seq_len) +
-                    " tokens per step is more than the engine indexes; lower --batch or --seq-len");
-  if (o.precision == "mixed") throw UserError("--precision mixed: not available yet in this build");
-  if (o.lora_rank < 1) throw UserError("--lora-rank must be at least 1");
 }
 
 int run_bench(const BenchOptions& o) {
   const model::ModelConfig c = model::bench_shape_config(o.shape);  // UserError listing the shapes
+  check_options(o, c, nullptr);
   auto ctx = gpu::Context::create(o.device, o.json);
-  check_options(o, c, ctx->info());
+  check_options(o, c, &ctx->info());
   const uint32_t B = static_cast<uint32_t>(o.batch), S = static_cast<uint32_t>(o.seq_len);
   const bool checkpointing = o.checkpointing == "on";
   const bool nf4 = o.quant == "nf4";
