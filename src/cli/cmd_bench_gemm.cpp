@@ -124,13 +124,9 @@ double run_one(forja::gpu::Context& ctx, const BenchSize& s, const Variant& v, i
   return 2.0 * s.m * s.n * s.k / best / 1e12;
 }
 
-forja::cli::CommandRegistration reg{"bench-gemm", 80, [](CLI::App& app) {
-  CLI::App* bench = nullptr;
-  try {
-    bench = app.get_subcommand("bench");
-  } catch (const CLI::OptionNotFound&) {
-    bench = app.add_subcommand("bench", "Benchmarks (see forja bench gemm --help)");
-  }
+// A subcommand of `bench`, which cmd_bench_train.cpp registers (order 80, set up before this).
+forja::cli::CommandRegistration reg{"bench-gemm", 81, [](CLI::App& app) {
+  CLI::App* bench = app.get_subcommand("bench");
   auto* cmd = bench->add_subcommand("gemm", "GEMM throughput of each kernel variant (TFLOP/s)");
   struct Opts {
     std::string sizes;

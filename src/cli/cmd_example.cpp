@@ -1,6 +1,7 @@
 // forja example: the README's main job. Makes the built-in tiny model and chat dataset
 // (train/example.h), trains an adapter on them on whatever device is there, and shows the run.
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "cli/command.h"
@@ -36,7 +37,7 @@ forja::cli::CommandRegistration reg{"example", 5, [](CLI::App& app) {
     set("model", (root / "model").string());
     set("data", (root / "data" / "chat.jsonl").string());
     set("out", (root / "run").string());
-    set("seq-len", "64");
+    set("seq-len", "48");
     set("batch-size", "8");
     set("grad-accum", "1");
     set("max-steps", std::to_string(args->steps));
@@ -48,7 +49,18 @@ forja::cli::CommandRegistration reg{"example", 5, [](CLI::App& app) {
     set("log-every", "10");
     set("overwrite", "true");
     set("device", std::to_string(args->device));
-    return forja::train::run_training(c);
+    const int rc = forja::train::run_training(c);
+    if (rc != 0) return rc;
+    // A sample from the trained adapter, through forja generate itself (the same binary).
+    const std::string question = "What is the capital of France?";
+    std::printf("\nsample: forja generate --model %s --adapter %s --prompt \"%s\"\n", (root / "model").c_str(),
+                (root / "run").c_str(), question.c_str());
+    std::fflush(stdout);
+    const std::string cmd = "/proc/self/exe generate --model '" + (root / "model").string() + "' --adapter '" +
+                            (root / "run").string() + "' --prompt '" + question + "' --max-new-tokens 24" +
+                            (args->device >= 0 ? " --device " + std::to_string(args->device) : "");
+    const int status = std::system(cmd.c_str());
+    return status == 0 ? 0 : 1;
   };
 }};
 

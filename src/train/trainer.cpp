@@ -22,6 +22,7 @@
 #include "model/config.h"
 #include "model/lora.h"
 #include "model/memory_plan.h"
+#include "model/precision.h"
 #include "model/transformer.h"
 #include "train/checkpoint.h"
 #include "train/metrics_log.h"
@@ -233,7 +234,10 @@ void Run::load() {
   ts.lora_rank = c_.lora_rank;
   ts.double_quant = c_.double_quant;
   ts.checkpointing = c_.checkpointing();
-  ts.activation_bytes = 4;  // the engine keeps fp32 activations
+  ts.activation_bytes = 4;  // the engine keeps fp32 activations in both precisions
+  ts.lora_dropout = c_.lora_dropout;
+  ts.dense_weight_bytes = c_.precision == "mixed" ? 2 : 4;
+  ts.nf4 = c_.quant == "nf4";
   ts.targets.clear();
   for (model::LinearKind k : model::kAllLinears)
     if (lora_settings_of(c_).targets[size_t(k)]) ts.targets.push_back(k);
@@ -245,6 +249,7 @@ void Run::load() {
   model::BaseWeightOptions bo;
   bo.quant = c_.quant == "nf4" ? model::BaseQuant::nf4 : model::BaseQuant::none;
   bo.double_quant = c_.double_quant;
+  bo.dense_dtype = model::dense_dtype_for(model::parse_precision(c_.precision));
   std::printf("loading the base model (%s)...\n", c_.quant == "nf4" ? "quantising to NF4" : "16-bit");
   std::fflush(stdout);
   base_.emplace(model::load_base_weights(*ctx_, checkpoint, mc_, bo));
@@ -270,17 +275,16 @@ void Run::load() {
     ls.targets = from.targets;
     ls.rslora = from.rslora;
   }
-  if (ls.dropout != 0.0)
-    throw UserError("--lora-dropout " + std::to_string(ls.dropout) + ": dropout is not implemented in this build's engine; use 0");
-  std::printf("LoRA: r %lld, alpha %g (scale %g%s), targets %s\n", (long long)ls.rank, ls.alpha, ls.scale(),
-              ls.rslora ? ", rsLoRA" : "", targets_text(ls).c_str());
+  std::printf("LoRA: r %lld, alpha %g (scale %g%s), dropout %g, targets %s\n", (long long)ls.rank, ls.alpha,
+              ls.scale(), ls.rslora ? ", rsLoRA" : "", ls.dropout, targets_text(ls).c_str());
   lora_ = std::make_unique<model::LoraSet>(*ctx_, mc_, ls);
   if (start) lora_->load(*start);
   else lora_->init_peft(c_.seed);
   std::printf("trainable parameters: %llu\n", (unsigned long long)lora_->parameter_count());
 
   tf_ = std::make_unique<model::Transformer>(*ctx_, *base_, *lora_, uint32_t(c_.batch_size), uint32_t(c_.seq_len),
-                                             c_.checkpointing());
+                                             c_.checkpointing(),
+                                             model::TransformerOptions{model::parse_precision(c_.precision)});
   OptimizerSettings os;
   os.lr = c_.lr;
   os.beta1 = c_.adam_beta1;
@@ -442,7 +446,11 @@ int Run::execute() {
     lora_->zero_grads();
     ctx_->fill(loss_sum_, 0);
     const float inv_n = 1.0f / float(std::max<uint64_t>(1, targets));
-    for (const auto& b : micro) tf_->run(b, inv_n, loss_sum_, true);
+    for (size_t j = 0; j < micro.size(); ++j) {
+      // dropout masks: a fresh stream per (step, micro-batch), reproduced exactly on resume
+      tf_->set_dropout_seed(c_.seed, uint64_t(st_.step), uint64_t(j));
+      tf_->run(micro[j], inv_n, loss_sum_, true);
+    }
     adamw_->compute_grad_norm();
     const double loss = double(ctx_->download<float>(loss_sum_, 1)[0]) * double(inv_n);
     const double norm = double(ctx_->download<float>(adamw_->grad_norm(), 1)[0]);
