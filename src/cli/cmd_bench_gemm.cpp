@@ -57,20 +57,24 @@ struct Variant {
   GemmKernel kernel;
   bool trans_b;
   bool nf4 = false;  // B is an NF4 weight (ops/nf4.h): NT y = x W^T, NN dx = dy W; A fp32
+  // Mixed precision's products: A fp32 rounded to fp16 on load, B fp16 (dtype f16; nf4: the
+  // decoded W rounded to fp16 too).
+  bool mixed = false;
 };
 
 // Best seconds per product.
 double run_one(forja::gpu::Context& ctx, const BenchSize& s, const Variant& v, int iters, int reps, bool& ok) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
-  const uint32_t es = forja::ops::dtype_bytes(v.dtype);
+  const DType a_dtype = v.mixed ? DType::f32 : v.dtype;
   const uint64_t na = uint64_t(s.m) * s.k, nb = uint64_t(s.n) * s.k;
   std::vector<float> a(na), b(nb);
   for (auto& x : a) x = uni(rng);
   for (auto& x : b) x = uni(rng);
-  auto upload = [&](std::vector<float>& host) {
-    forja::gpu::Buffer buf = ctx.alloc(host.size() * es);
-    if (v.dtype == DType::f32) {
+  auto round16 = [](float x) { return forja::io::f16_to_float(forja::io::float_to_f16(x)); };
+  auto upload = [&](std::vector<float>& host, DType dtype) {
+    forja::gpu::Buffer buf = ctx.alloc(host.size() * forja::ops::dtype_bytes(dtype));
+    if (dtype == DType::f32) {
       ctx.upload(buf, host);
     } else {
       std::vector<uint16_t> h(host.size());
@@ -83,27 +87,32 @@ double run_one(forja::gpu::Context& ctx, const BenchSize& s, const Variant& v, i
     return buf;
   };
   forja::ops::Nf4Weight w;
-  forja::gpu::Buffer ga = upload(a), gb, gc = ctx.alloc(uint64_t(s.m) * s.n * 4);
+  forja::gpu::Buffer ga = upload(a, a_dtype), gb, gc = ctx.alloc(uint64_t(s.m) * s.n * 4);
+  if (v.mixed)  // the check multiplies the values the GPU multiplies
+    for (auto& x : a) x = round16(x);
   if (v.nf4) {
     // W [N, K] (NT) or [K, N] (NN), double-quantised as QLoRA does; the check uses its
     // dequantised values.
     const int64_t rows = v.trans_b ? s.n : s.k, cols = v.trans_b ? s.k : s.n;
     const forja::model::Nf4Tensor t = forja::model::nf4_quantize(b, {rows, cols});
     b = forja::model::nf4_dequantize(t);
+    if (v.mixed)
+      for (auto& x : b) x = round16(x);
     w = forja::ops::upload_nf4(ctx, t);
   } else {
-    gb = upload(b);
+    gb = upload(b, v.dtype);
   }
   forja::ops::GemmShape shape{s.m, s.n, s.k, false, v.trans_b};
   // trans_b = false reads B as [K, N]: the same random numbers, another layout.
   const uint32_t ldb = v.trans_b ? s.k : s.n;
+  const DType nf4_operands = v.mixed ? DType::f16 : DType::f32;
   auto once = [&] {
     if (v.nf4 && v.trans_b)
-      forja::ops::nf4_gemm_xwt(ctx, ga, w, gc, s.m, 1.0f, 0.0f, v.kernel);
+      forja::ops::nf4_gemm_xwt(ctx, ga, w, gc, s.m, 1.0f, 0.0f, nf4_operands, v.kernel);
     else if (v.nf4)
-      forja::ops::nf4_gemm_dyw(ctx, ga, w, gc, s.m, 1.0f, 0.0f, v.kernel);
+      forja::ops::nf4_gemm_dyw(ctx, ga, w, gc, s.m, 1.0f, 0.0f, nf4_operands, v.kernel);
     else
-      forja::ops::gemm(ctx, shape, {ga, v.dtype, 0, s.k}, {gb, v.dtype, 0, ldb}, {gc, DType::f32, 0, s.n}, v.kernel);
+      forja::ops::gemm(ctx, shape, {ga, a_dtype, 0, s.k}, {gb, v.dtype, 0, ldb}, {gc, DType::f32, 0, s.n}, v.kernel);
   };
   // Warm up for a while: an idle GPU runs at low clocks and takes a moment to ramp up.
   using clock = std::chrono::steady_clock;
@@ -147,13 +156,9 @@ double run_one(forja::gpu::Context& ctx, const BenchSize& s, const Variant& v, i
   return best;
 }
 
-forja::cli::CommandRegistration reg{"bench-gemm", 80, [](CLI::App& app) {
-  CLI::App* bench = nullptr;
-  try {
-    bench = app.get_subcommand("bench");
-  } catch (const CLI::OptionNotFound&) {
-    bench = app.add_subcommand("bench", "Benchmarks (see forja bench gemm --help)");
-  }
+// A subcommand of `bench`, which cmd_bench_train.cpp registers (order 80, set up before this).
+forja::cli::CommandRegistration reg{"bench-gemm", 81, [](CLI::App& app) {
+  CLI::App* bench = app.get_subcommand("bench");
   auto* cmd = bench->add_subcommand("gemm", "GEMM throughput of each kernel variant (TFLOP/s)");
   struct Opts {
     std::string sizes;
@@ -191,12 +196,23 @@ forja::cli::CommandRegistration reg{"bench-gemm", 80, [](CLI::App& app) {
         variants.push_back({name + " t128", DType::f32, GemmKernel::scalar_t128, tb, true});
       }
     }
+    // The scalar kernels' mixed-operand variants (mixed precision without cooperative matrices).
+    for (bool nf4 : {false, true})
+      for (bool tb : {true, false}) {
+        const std::string name = std::string(nf4 ? "mixed nf4 " : "mixed f32f16 ") + (tb ? "NT" : "NN");
+        variants.push_back({name, DType::f16, GemmKernel::scalar, tb, nf4, true});
+        if (o->tiles) {
+          variants.push_back({name + " t64", DType::f16, GemmKernel::scalar_t64, tb, nf4, true});
+          variants.push_back({name + " t128", DType::f16, GemmKernel::scalar_t128, tb, nf4, true});
+        }
+      }
     if (forja::ops::gemm_kernel_for(*ctx, DType::f16) == GemmKernel::coopmat) {
       variants.push_back({"coopmat f16 NT", DType::f16, GemmKernel::coopmat, true});
       variants.push_back({"coopmat f16 NN", DType::f16, GemmKernel::coopmat, false});
     }
     std::printf("forja bench gemm on %s: C[M,N] fp32 = A[M,K] * op(B), NT: B stored [N,K] (y = x W^T), "
-                "NN: B stored [K,N] (dx = dy W); nf4: B an NF4 weight, A fp32\n",
+                "NN: B stored [K,N] (dx = dy W); nf4: B an NF4 weight, A fp32; mixed: A fp32 rounded to fp16 on load, "
+                "B fp16 (nf4: decoded and rounded)\n",
                 ctx->info().name.c_str());
     std::printf("%-18s %-16s %-21s %10s %10s %10s %6s\n", "MxNxK", "shape", "variant", "ms", "TFLOP/s", "GFLOP/s",
                 "check");

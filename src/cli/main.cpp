@@ -7,12 +7,42 @@
 
 #include "cli/command.h"
 #include "util/error.h"
+#include "util/nearest.h"
 
 namespace forja::cli {
 std::vector<CommandEntry>& command_registry() {
   static std::vector<CommandEntry> registry;
   return registry;
 }
+
+namespace {
+// "; did you mean '--lr-schedule'?" for the first unknown flag, among the options of the
+// innermost subcommand that was given.
+std::string suggestion_for_extras(CLI::App& app, int argc, char** argv) {
+  CLI::App* sub = &app;
+  for (bool deeper = true; deeper;) {
+    deeper = false;
+    for (CLI::App* s : sub->get_subcommands())
+      if (s->parsed()) {
+        sub = s;
+        deeper = true;
+        break;
+      }
+  }
+  std::vector<std::string> names;
+  for (const CLI::Option* o : sub->get_options())
+    for (const auto& n : o->get_lnames()) names.push_back("--" + n);
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (!a.starts_with("--")) continue;
+    a = a.substr(0, a.find('='));
+    if (std::find(names.begin(), names.end(), a) != names.end()) continue;
+    const std::string near = forja::nearest_name(a, names);
+    if (!near.empty()) return "; did you mean '" + near + "'?";
+  }
+  return "";
+}
+}  // namespace
 }  // namespace forja::cli
 
 int main(int argc, char** argv) {
@@ -35,6 +65,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
+  } catch (const CLI::ExtrasError& e) {
+    std::fprintf(stderr, "forja: %s%s (see forja --help)\n", e.what(), suggestion_for_extras(app, argc, argv).c_str());
+    return 2;
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "forja: %s (see forja --help)\n", e.what());
     return 2;

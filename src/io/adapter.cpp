@@ -218,7 +218,14 @@ void save_adapter(const std::filesystem::path& dir, const Adapter& adapter,
   write_file_atomic(dir / "adapter_config.json", adapter_config_json(adapter.config));
 }
 
-Adapter load_adapter(const std::filesystem::path& dir, const LoraTargetShapes& shapes) {
+AdapterFile::AdapterFile(LoraConfig config, std::vector<LoraTarget> targets,
+                         std::int64_t num_layers, SafetensorsFile file)
+    : config_(std::move(config)),
+      targets_(std::move(targets)),
+      num_layers_(num_layers),
+      file_(std::move(file)) {}
+
+AdapterFile AdapterFile::open(const std::filesystem::path& dir, const LoraTargetShapes& shapes) {
   const std::filesystem::path config_path = dir / "adapter_config.json";
   const std::filesystem::path weights_path = dir / "adapter_model.safetensors";
   std::error_code ec;
@@ -226,31 +233,28 @@ Adapter load_adapter(const std::filesystem::path& dir, const LoraTargetShapes& s
     throw UserError(config_path.string() +
                     ": not found; an adapter directory holds adapter_config.json and "
                     "adapter_model.safetensors (adapters saved as .bin must be converted first)");
-  Adapter adapter;
-  adapter.config = parse_adapter_config(read_text_file(config_path), config_path.string());
-  const std::int64_t r = adapter.config.r;
-  const std::vector<const LoraTarget*> targets =
-      resolve_targets(adapter.config, shapes, config_path.string());
+  LoraConfig config = parse_adapter_config(read_text_file(config_path), config_path.string());
+  const std::int64_t r = config.r;
+  std::vector<LoraTarget> targets;
+  for (const LoraTarget* t : resolve_targets(config, shapes, config_path.string()))
+    targets.push_back(*t);
 
   SafetensorsFile file = SafetensorsFile::open(weights_path);
   const std::string where = weights_path.string() + ": ";
   std::set<std::string> expected;
   for (std::int64_t layer = 0; layer < shapes.num_layers; ++layer) {
-    for (const LoraTarget* t : targets) {
-      LoraWeights w;
-      w.layer = layer;
-      w.target = t->name;
+    for (const LoraTarget& t : targets) {
       for (char which : {'A', 'B'}) {
-        const std::string name = lora_tensor_name(layer, t->module_path, which);
+        const std::string name = lora_tensor_name(layer, t.module_path, which);
         expected.insert(name);
         const TensorInfo* info = file.find(name);
         if (!info)
           throw UserError(where + "missing tensor '" + name + "'; adapter_config.json targets " +
-                          t->name +
+                          t.name +
                           " in every layer: the adapter is incomplete or for another model");
         const std::vector<std::int64_t> want = which == 'A'
-                                                   ? std::vector<std::int64_t>{r, t->in_features}
-                                                   : std::vector<std::int64_t>{t->out_features, r};
+                                                   ? std::vector<std::int64_t>{r, t.in_features}
+                                                   : std::vector<std::int64_t>{t.out_features, r};
         if (info->shape != want) {
           std::string got = "[";
           for (std::size_t i = 0; i < info->shape.size(); ++i)
@@ -260,9 +264,7 @@ Adapter load_adapter(const std::filesystem::path& dir, const LoraTargetShapes& s
                           shape_text(want[0], want[1]) +
                           "; the adapter was trained for a different model or rank");
         }
-        (which == 'A' ? w.a : w.b) = file.view(*info).to_float();
       }
-      adapter.weights.push_back(std::move(w));
     }
   }
   for (const TensorInfo& t : file.tensors())
@@ -272,6 +274,27 @@ Adapter load_adapter(const std::filesystem::path& dir, const LoraTargetShapes& s
                       "in layers 0.." +
                       std::to_string(shapes.num_layers - 1) +
                       "); the adapter does not match the model or adapter_config.json");
+  return AdapterFile(std::move(config), std::move(targets), shapes.num_layers, std::move(file));
+}
+
+TensorView AdapterFile::factor(std::int64_t layer, const LoraTarget& target, char a_or_b) const {
+  return file_.tensor(lora_tensor_name(layer, target.module_path, a_or_b));
+}
+
+Adapter load_adapter(const std::filesystem::path& dir, const LoraTargetShapes& shapes) {
+  const AdapterFile file = AdapterFile::open(dir, shapes);
+  Adapter adapter;
+  adapter.config = file.config();
+  for (std::int64_t layer = 0; layer < file.num_layers(); ++layer) {
+    for (const LoraTarget& t : file.targets()) {
+      LoraWeights w;
+      w.layer = layer;
+      w.target = t.name;
+      w.a = file.factor(layer, t, 'A').to_float();
+      w.b = file.factor(layer, t, 'B').to_float();
+      adapter.weights.push_back(std::move(w));
+    }
+  }
   return adapter;
 }
 

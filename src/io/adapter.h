@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "io/safetensors.h"
+
 namespace forja::io {
 
 // adapter_config.json, the fields forja writes and understands.
@@ -84,5 +86,26 @@ void save_adapter(const std::filesystem::path& dir, const Adapter& adapter,
 // [r, in] and [out, r]; unknown or extra tensors are errors. Throws UserError naming the file,
 // the tensor and the fix.
 Adapter load_adapter(const std::filesystem::path& dir, const LoraTargetShapes& shapes);
+
+// An adapter directory opened and checked exactly as load_adapter does (config, every factor
+// present with its shape, no unexpected tensor), whose factors stay in the mapped file and are
+// read on demand: a merge streams through it one projection at a time.
+class AdapterFile {
+ public:
+  static AdapterFile open(const std::filesystem::path& dir, const LoraTargetShapes& shapes);
+  const LoraConfig& config() const { return config_; }
+  const std::vector<LoraTarget>& targets() const { return targets_; }  // resolved, model order
+  std::int64_t num_layers() const { return num_layers_; }
+  // lora_A [r, in] or lora_B [out, r] of one projection, in the dtype stored (F32, BF16, F16).
+  TensorView factor(std::int64_t layer, const LoraTarget& target, char a_or_b) const;
+
+ private:
+  AdapterFile(LoraConfig config, std::vector<LoraTarget> targets, std::int64_t num_layers,
+              SafetensorsFile file);
+  LoraConfig config_;
+  std::vector<LoraTarget> targets_;
+  std::int64_t num_layers_ = 0;
+  SafetensorsFile file_;
+};
 
 }  // namespace forja::io

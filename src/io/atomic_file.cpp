@@ -25,6 +25,8 @@ std::filesystem::path temp_name_for(const std::filesystem::path& path) {
   return path.parent_path() / name;
 }
 
+}  // namespace
+
 void sync_directory(const std::filesystem::path& dir) {
   const std::string d = dir.empty() ? std::string(".") : dir.string();
   int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -32,8 +34,6 @@ void sync_directory(const std::filesystem::path& dir) {
   ::fsync(fd);         // errors here are not actionable: the data itself is already synced
   ::close(fd);
 }
-
-}  // namespace
 
 AtomicFile::AtomicFile(std::filesystem::path path) : path_(std::move(path)) {
   if (path_.filename().empty())

@@ -43,6 +43,10 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// fsyncs a directory so that renames and creations inside it survive a power loss (best effort:
+// some filesystems cannot open directories).
+void sync_directory(const std::filesystem::path& dir);
+
 // Writes the whole of `contents` to `path` atomically (see AtomicFile).
 void write_file_atomic(const std::filesystem::path& path, std::string_view contents);
 

@@ -1,7 +1,12 @@
 #version 450
-// Scalar tiled GEMM (no matrix cores): fp32 arithmetic, fp32 or fp16 operands, fp32 C.
+// Scalar tiled GEMM (no matrix cores): fp32 arithmetic, fp32 or fp16 operands (or fp32 A with
+// fp16 B), fp32 C.
 // Operation and addressing: gemm_common.glsl; tiling and main loop: gemm_scalar_core.glsl.
 // Batch b = gl_WorkGroupID.z.
+//
+// The gemm_f32f16 variants (MIXED_OPERANDS) take an fp32 A and an fp16 B and round A to fp16 on
+// load, so the product is that of two fp16 matrices with fp32 accumulation, as the
+// cooperative-matrix kernel computes it (mixed precision without a cooperative-matrix device).
 //
 // VECA (VECB): the 4-element chunks of A (B) are single vec4 loads (fp16: one uvec2 of 4
 // halves). The host sets it when the leading dimension, the offsets, the batch stride and the
@@ -14,7 +19,12 @@
 //! variant gemm_f16_t64 -DF16_OPERANDS -DBM=64 -DBN=64 -DBK=16 -DQM=1 -DQN=1
 //! variant gemm_f32_t128 -DBM=128 -DBN=128 -DBK=8 -DQM=2 -DQN=2
 //! variant gemm_f16_t128 -DF16_OPERANDS -DBM=128 -DBN=128 -DBK=8 -DQM=2 -DQN=2
+//! variant gemm_f32f16_t64 -DMIXED_OPERANDS -DBM=64 -DBN=64 -DBK=16 -DQM=1 -DQN=1
+//! variant gemm_f32f16_t128 -DMIXED_OPERANDS -DBM=128 -DBN=128 -DBK=8 -DQM=2 -DQN=2
 #extension GL_EXT_control_flow_attributes : require
+#ifdef MIXED_OPERANDS
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
 
 layout(local_size_x = (BM / (4 * QM)) * (BN / (4 * QN))) in;
 layout(constant_id = 0) const uint TA = 0;
@@ -26,15 +36,25 @@ layout(constant_id = 4) const uint VECC = 0;
 #include "gemm_common.glsl"
 
 // Each operand binding is declared twice: as 4-element chunks and as single elements.
+vec4 halves4(uvec2 u) { return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y)); }
 #ifdef F16_OPERANDS
 layout(set = 0, binding = 0) readonly buffer BufA4 { uvec2 A4[]; };
 layout(set = 0, binding = 0) readonly buffer BufA1 { uint A1[]; };
 layout(set = 0, binding = 1) readonly buffer BufB4 { uvec2 B4[]; };
 layout(set = 0, binding = 1) readonly buffer BufB1 { uint B1[]; };
-vec4 halves4(uvec2 u) { return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y)); }
 vec4 load4_a(uint e) { return halves4(A4[e >> 2]); }
 vec4 load4_b(uint e) { return halves4(B4[e >> 2]); }
 float load1_a(uint e) { return unpackHalf2x16(A1[e >> 1])[e & 1u]; }
+float load1_b(uint e) { return unpackHalf2x16(B1[e >> 1])[e & 1u]; }
+#elif defined(MIXED_OPERANDS)
+layout(set = 0, binding = 0) readonly buffer BufA4 { vec4 A4[]; };
+layout(set = 0, binding = 0) readonly buffer BufA1 { float A1[]; };
+layout(set = 0, binding = 1) readonly buffer BufB4 { uvec2 B4[]; };
+layout(set = 0, binding = 1) readonly buffer BufB1 { uint B1[]; };
+// A rounded to fp16 (the conversion the cooperative-matrix kernel applies while staging A).
+vec4 load4_a(uint e) { return vec4(f16vec4(A4[e >> 2])); }
+vec4 load4_b(uint e) { return halves4(B4[e >> 2]); }
+float load1_a(uint e) { return float(float16_t(A1[e])); }
 float load1_b(uint e) { return unpackHalf2x16(B1[e >> 1])[e & 1u]; }
 #else
 layout(set = 0, binding = 0) readonly buffer BufA4 { vec4 A4[]; };

@@ -17,8 +17,15 @@
 // gemm_nvcm_emu replaces each cooperative-matrix operation with scalar code that follows the
 // GL_NV_cooperative_matrix definitions, so the tiling and addressing run (and are tested) on
 // devices without matrix cores, lavapipe included.
+//
+// The _af32 variants (A_F32) take an fp32 A and round it to fp16 while staging it (as
+// nf4_gemm_coopmat.comp does with x), so mixed-precision training multiplies its fp32
+// activations by fp16 weights without an fp16 copy of the activations. VECA then reads two vec4
+// per chunk; its conditions (in elements) are the same.
 //! variant gemm_nvcm requires=nv_coopmat
 //! variant gemm_nvcm_emu -DEMULATE
+//! variant gemm_nvcm_af32 -DA_F32 requires=nv_coopmat
+//! variant gemm_nvcm_af32_emu -DA_F32 -DEMULATE
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : require
 #ifndef EMULATE
@@ -41,8 +48,13 @@ layout(constant_id = 10) const uint VECB = 1;
 
 #include "gemm_common.glsl"
 
+#ifdef A_F32
+layout(set = 0, binding = 0) readonly buffer BufA4 { vec4 A4[]; };
+layout(set = 0, binding = 0) readonly buffer BufA1 { float A1[]; };
+#else
 layout(set = 0, binding = 0) readonly buffer BufA4 { uvec4 A4[]; };
 layout(set = 0, binding = 0) readonly buffer BufA1 { uint A1[]; };
+#endif
 layout(set = 0, binding = 1) readonly buffer BufB4 { uvec4 B4[]; };
 layout(set = 0, binding = 1) readonly buffer BufB1 { uint B1[]; };
 layout(set = 0, binding = 2) buffer BufC { float C[]; };
@@ -67,10 +79,24 @@ shared uvec4 Ash[NSTAGES * A_STAGE];
 shared uvec4 Bsh[NSTAGES * B_STAGE];
 shared float Csh[WM * WN * 256u];  // epilogue: one 16x16 tile per subgroup
 
+#ifdef A_F32
+uint half_bits_b(uint h) {  // the 16 bits of half number h of B
+  uint w = B1[h >> 1];
+  return (h & 1u) == 0u ? (w & 0xffffu) : (w >> 16);
+}
+// 8 fp32 values as 8 halves (round to nearest even).
+uvec4 pack8(float v[8]) {
+  uint u[4];
+  [[unroll]] for (uint i = 0; i < 4u; ++i) u[i] = packFloat2x16(f16vec2(float16_t(v[2u * i]), float16_t(v[2u * i + 1u])));
+  return uvec4(u[0], u[1], u[2], u[3]);
+}
+#else
 uint half_bits(bool fromA, uint h) {  // the 16 bits of half number h of A or B
   uint w = fromA ? A1[h >> 1] : B1[h >> 1];
   return (h & 1u) == 0u ? (w & 0xffffu) : (w >> 16);
 }
+uint half_bits_b(uint h) { return half_bits(false, h); }
+#endif
 
 // Chunk x of the A tile whose origin is (m0, k0): 8 consecutive halves of the stored layout.
 uvec4 load_chunk_a(uint base, uint m0, uint k0, uint x) {
@@ -81,10 +107,21 @@ uvec4 load_chunk_a(uint base, uint m0, uint k0, uint x) {
   const uint rows = TA == 0 ? pc.M : pc.K, cols = TA == 0 ? pc.K : pc.M;
   if (r >= rows || c0 >= cols) return uvec4(0);
   const uint h = base + r * pc.lda + c0;
+#ifdef A_F32
+  float f[8];
+  if (VECA == 1u) {
+    const vec4 lo = A4[h >> 2], hi = A4[(h >> 2) + 1u];
+    f = float[8](lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
+  } else {
+    [[unroll]] for (uint i = 0; i < 8u; ++i) f[i] = c0 + i < cols ? A1[h + i] : 0.0;
+  }
+  return pack8(f);
+#else
   if (VECA == 1u) return A4[h >> 3];
   uint v[8];
   [[unroll]] for (uint i = 0; i < 8u; ++i) v[i] = c0 + i < cols ? half_bits(true, h + i) : 0u;
   return uvec4(v[0] | (v[1] << 16), v[2] | (v[3] << 16), v[4] | (v[5] << 16), v[6] | (v[7] << 16));
+#endif
 }
 uvec4 load_chunk_b(uint base, uint n0, uint k0, uint x) {
   const uint row = x / CB, ch = x % CB;
@@ -95,7 +132,7 @@ uvec4 load_chunk_b(uint base, uint n0, uint k0, uint x) {
   const uint h = base + r * pc.ldb + c0;
   if (VECB == 1u) return B4[h >> 3];
   uint v[8];
-  [[unroll]] for (uint i = 0; i < 8u; ++i) v[i] = c0 + i < cols ? half_bits(false, h + i) : 0u;
+  [[unroll]] for (uint i = 0; i < 8u; ++i) v[i] = c0 + i < cols ? half_bits_b(h + i) : 0u;
   return uvec4(v[0] | (v[1] << 16), v[2] | (v[3] << 16), v[4] | (v[5] << 16), v[6] | (v[7] << 16));
 }
 

@@ -12,9 +12,21 @@
 // VECA: A's chunks are single vec4 loads (lda, the offset and K multiples of 4). VECB: W's
 // stored rows (cols elements) are a multiple of 4 long, so a chunk is 4 nibbles of one packed
 // word inside one block of 64, decoded with one absmax. VECC: C read and written as vec4s.
+//
+// The nf4_gemm_f16 variants (ROUND_F16) round A and the decoded W to fp16 on load (fp32
+// accumulation), the arithmetic of nf4_gemm_coopmat.comp: mixed precision on devices without
+// cooperative matrices.
 //! variant nf4_gemm_t64 -DBM=64 -DBN=64 -DBK=16 -DQM=1 -DQN=1
 //! variant nf4_gemm_t128 -DBM=128 -DBN=128 -DBK=8 -DQM=2 -DQN=2
+//! variant nf4_gemm_f16_t64 -DROUND_F16 -DBM=64 -DBN=64 -DBK=16 -DQM=1 -DQN=1
+//! variant nf4_gemm_f16_t128 -DROUND_F16 -DBM=128 -DBN=128 -DBK=8 -DQM=2 -DQN=2
 #extension GL_EXT_control_flow_attributes : require
+#ifdef ROUND_F16
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#define OPERAND4(v) vec4(f16vec4(v))
+#else
+#define OPERAND4(v) (v)
+#endif
 
 layout(local_size_x = (BM / (4 * QM)) * (BN / (4 * QN))) in;
 const uint TA = 0;
@@ -48,7 +60,7 @@ layout(set = 0, binding = 5) buffer BufC1 { float C1[]; };
 // may well keep in local memory.
 shared float code_sh[16];
 
-// Elements k..k+3 of row m of A, zero outside A. (No early returns in these helpers: see
+// Elements k..k+3 of row m of A, zero outside A (ROUND_F16: rounded to fp16). (No early returns in these helpers: see
 // gemm_scalar_core.glsl.)
 vec4 chunk_a(uint m, uint k) {
   const uint e = pc.a_offset + m * pc.lda + k;
@@ -61,10 +73,10 @@ vec4 chunk_a(uint m, uint k) {
         if (k + q < pc.K) v[q] = A1[e + q];
     }
   }
-  return v;
+  return OPERAND4(v);
 }
 // Elements c..c+3 of stored row r of W (TB = 1: row n, along k; TB = 0: row k, along n),
-// dequantised; zero outside W.
+// dequantised (ROUND_F16: and rounded to fp16); zero outside W.
 vec4 chunk_b(uint r, uint c) {
   const uint rows = TB == 1 ? pc.N : pc.K, cols = TB == 1 ? pc.K : pc.N;
   const uint e = r * cols + c;
@@ -82,7 +94,7 @@ vec4 chunk_b(uint r, uint c) {
         if (c + q < cols) v[q] = nf4_value(e + q);
     }
   }
-  return v;
+  return OPERAND4(v);
 }
 
 // C[m][n..n+3] = alpha * acc (+ beta * C), the part inside C.

@@ -1,5 +1,8 @@
 #include "model/base_weights.h"
 
+#include <algorithm>
+#include <cmath>
+#include <optional>
 #include <string>
 
 #include "io/float16.h"
@@ -16,48 +19,94 @@ std::string shape_string(const std::vector<int64_t>& s) {
   return r + "]";
 }
 
-const io::TensorView checked(const io::SafetensorsCheckpoint& ck, const std::string& name,
-                             const std::vector<int64_t>& shape) {
-  const io::TensorView t = ck.tensor(name);  // UserError when absent
-  if (t.shape() != shape)
-    throw UserError("tensor " + name + " has shape " + shape_string(t.shape()) + " but config.json implies " +
-                    shape_string(shape) + "; the checkpoint and its config.json do not belong together");
-  return t;
-}
+// Dense tensors go up in pieces of this many elements (16 MiB of fp32): host memory stays at
+// one piece however large the tensor (an 8B model's fp32 embedding is 2.5 GB).
+constexpr int64_t kUploadChunk = int64_t(1) << 22;
 
-// Uploads a tensor converted to fp32 or fp16.
-gpu::Buffer upload_dense(gpu::Context& ctx, const io::TensorView& t, ops::DType dtype, uint64_t& bytes) {
-  std::vector<float> v = t.to_float();
-  gpu::Buffer b;
-  if (dtype == ops::DType::f32) {
-    b = ctx.alloc(v.size() * 4, t.name());
-    ctx.upload(b, v);
-  } else {
-    std::vector<uint16_t> h(v.size());
-    for (size_t i = 0; i < v.size(); ++i) h[i] = io::float_to_f16(v[i]);
-    b = ctx.alloc(h.size() * 2, t.name());
-    ctx.upload(b, h);
+// Uploads one dense tensor from `source`, converted to fp32 or fp16, piece by piece.
+gpu::Buffer upload_dense(gpu::Context& ctx, BaseWeightSource& source, const TensorSpec& t, ops::DType dtype,
+                         uint64_t& bytes) {
+  source.open(t);
+  const int64_t n = t.numel();
+  const uint64_t es = ops::dtype_bytes(dtype);
+  gpu::Buffer b = ctx.alloc(uint64_t(n) * es, t.name);
+  std::vector<float> piece(static_cast<size_t>(std::min(n, kUploadChunk)));
+  std::vector<uint16_t> half(dtype == ops::DType::f32 ? 0 : piece.size());
+  for (int64_t first = 0; first < n; first += kUploadChunk) {
+    const size_t count = static_cast<size_t>(std::min(kUploadChunk, n - first));
+    source.read(t, first, std::span<float>(piece.data(), count));
+    const gpu::Buffer dst = b.slice(uint64_t(first) * es, count * es);
+    if (dtype == ops::DType::f32) {
+      ctx.upload(dst, piece.data(), count * 4);
+    } else {
+      // bf16 (and fp32) checkpoints may hold values beyond fp16's range (65504); they would
+      // become infinities, so they are refused (values below fp16's normal range lose
+      // precision or flush to zero, as in any fp16 compute).
+      for (size_t i = 0; i < count; ++i) {
+        half[i] = io::float_to_f16(piece[i]);
+        if (std::isinf(io::f16_to_float(half[i])) && std::isfinite(piece[i]))
+          throw UserError("tensor " + t.name + " holds " + std::to_string(piece[i]) +
+                          ", beyond fp16's range (65504) that --precision mixed stores it in; use --precision fp32");
+      }
+      ctx.upload(dst, half.data(), count * 2);
+    }
   }
+  source.close(t);
   bytes += b.size;
   return b;
 }
 
+// Reads tensors from a mapped checkpoint, checking each one's shape against the config.
+class CheckpointSource : public BaseWeightSource {
+ public:
+  explicit CheckpointSource(const io::SafetensorsCheckpoint& ck) : ck_(ck) {}
+  void open(const TensorSpec& t) override {
+    current_.emplace(ck_.tensor(t.name));  // UserError when absent
+    if (current_->shape() != t.shape)
+      throw UserError("tensor " + t.name + " has shape " + shape_string(current_->shape()) +
+                      " but config.json implies " + shape_string(t.shape) +
+                      "; the checkpoint and its config.json do not belong together");
+  }
+  void read(const TensorSpec&, int64_t first, std::span<float> out) override { current_->to_float(out, first); }
+  Nf4Tensor read_nf4(const TensorSpec&, const Nf4Options& options) override {
+    return nf4_quantize(*current_, options);
+  }
+  void close(const TensorSpec& t) override {
+    ck_.release(t.name);  // its pages are uploaded: keep the resident set small
+    current_.reset();
+  }
+
+ private:
+  const io::SafetensorsCheckpoint& ck_;
+  std::optional<io::TensorView> current_;
+};
+
 }  // namespace
 
-BaseWeights load_base_weights(gpu::Context& ctx, const io::SafetensorsCheckpoint& ck, const ModelConfig& c,
-                              const BaseWeightOptions& options) {
+int64_t TensorSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+BaseWeights build_base_weights(gpu::Context& ctx, BaseWeightSource& source, const ModelConfig& c,
+                               const BaseWeightOptions& options) {
   BaseWeights w;
   w.config = c;
   w.embed_dtype = options.dense_dtype;
   const int64_t V = c.vocab_size, H = c.hidden_size, d = c.head_dim;
+  auto dense = [&](std::string name, TensorRole role, std::vector<int64_t> shape, ops::DType dtype) {
+    return upload_dense(ctx, source, TensorSpec{std::move(name), role, std::move(shape)}, dtype, w.gpu_bytes);
+  };
+  const ops::DType f32 = ops::DType::f32;
 
-  w.embedding = upload_dense(ctx, checked(ck, "model.embed_tokens.weight", {V, H}), w.embed_dtype, w.gpu_bytes);
+  w.embedding = dense("model.embed_tokens.weight", TensorRole::embedding, {V, H}, w.embed_dtype);
   if (c.tie_word_embeddings) {
     w.lm_head = w.embedding;  // a tied checkpoint's lm_head.weight, if present, is a copy: ignored
   } else {
-    w.lm_head = upload_dense(ctx, checked(ck, "lm_head.weight", {V, H}), w.embed_dtype, w.gpu_bytes);
+    w.lm_head = dense("lm_head.weight", TensorRole::lm_head, {V, H}, w.embed_dtype);
   }
-  w.final_norm = upload_dense(ctx, checked(ck, "model.norm.weight", {H}), ops::DType::f32, w.gpu_bytes);
+  w.final_norm = dense("model.norm.weight", TensorRole::norm, {H}, f32);
   std::vector<float> inv_freq = rope_inv_freq(c);
   w.inv_freq = ctx.alloc(inv_freq.size() * 4, "rope inv_freq");
   ctx.upload(w.inv_freq, inv_freq);
@@ -67,12 +116,11 @@ BaseWeights load_base_weights(gpu::Context& ctx, const io::SafetensorsCheckpoint
   for (int64_t i = 0; i < c.num_layers; ++i) {
     BaseLayer layer;
     const std::string p = "model.layers." + std::to_string(i) + ".";
-    layer.input_norm = upload_dense(ctx, checked(ck, p + "input_layernorm.weight", {H}), ops::DType::f32, w.gpu_bytes);
-    layer.post_norm =
-        upload_dense(ctx, checked(ck, p + "post_attention_layernorm.weight", {H}), ops::DType::f32, w.gpu_bytes);
+    layer.input_norm = dense(p + "input_layernorm.weight", TensorRole::norm, {H}, f32);
+    layer.post_norm = dense(p + "post_attention_layernorm.weight", TensorRole::norm, {H}, f32);
     if (c.qk_norm) {
-      layer.q_norm = upload_dense(ctx, checked(ck, p + "self_attn.q_norm.weight", {d}), ops::DType::f32, w.gpu_bytes);
-      layer.k_norm = upload_dense(ctx, checked(ck, p + "self_attn.k_norm.weight", {d}), ops::DType::f32, w.gpu_bytes);
+      layer.q_norm = dense(p + "self_attn.q_norm.weight", TensorRole::norm, {d}, f32);
+      layer.k_norm = dense(p + "self_attn.k_norm.weight", TensorRole::norm, {d}, f32);
     }
     for (LinearKind kind : kAllLinears) {
       const LinearShape s = linear_shape(c, kind);
@@ -80,20 +128,28 @@ BaseWeights load_base_weights(gpu::Context& ctx, const io::SafetensorsCheckpoint
       BaseLinear& lin = layer.linears[static_cast<int>(kind)];
       lin.out = static_cast<uint32_t>(s.out_features);
       lin.in = static_cast<uint32_t>(s.in_features);
-      const io::TensorView t = checked(ck, path + ".weight", {s.out_features, s.in_features});
+      const TensorSpec weight{path + ".weight", TensorRole::linear, {s.out_features, s.in_features}};
       if (options.quant == BaseQuant::nf4) {
-        Nf4Tensor q = nf4_quantize(t, nf4_options);
+        source.open(weight);
+        Nf4Tensor q = source.read_nf4(weight, nf4_options);
+        source.close(weight);
         lin.nf4 = ops::upload_nf4(ctx, q);
         w.gpu_bytes += q.storage_bytes();
       } else {
         lin.dense_dtype = options.dense_dtype;
-        lin.dense = upload_dense(ctx, t, options.dense_dtype, w.gpu_bytes);
+        lin.dense = upload_dense(ctx, source, weight, options.dense_dtype, w.gpu_bytes);
       }
-      if (s.bias) lin.bias = upload_dense(ctx, checked(ck, path + ".bias", {s.out_features}), ops::DType::f32, w.gpu_bytes);
+      if (s.bias) lin.bias = dense(path + ".bias", TensorRole::bias, {s.out_features}, f32);
     }
     w.layers.push_back(std::move(layer));
   }
   return w;
+}
+
+BaseWeights load_base_weights(gpu::Context& ctx, const io::SafetensorsCheckpoint& ck, const ModelConfig& c,
+                              const BaseWeightOptions& options) {
+  CheckpointSource source(ck);
+  return build_base_weights(ctx, source, c, options);
 }
 
 void free_base_weights(gpu::Context& ctx, BaseWeights& w) {

@@ -48,6 +48,9 @@ LoraSettings LoraSettings::from_peft(const io::LoraConfig& c) {
 LoraSet::LoraSet(gpu::Context& ctx, const ModelConfig& config, const LoraSettings& settings)
     : ctx_(ctx), config_(config), settings_(settings) {
   if (settings.rank <= 0) throw UserError("LoRA rank must be at least 1 (--lora-rank)");
+  if (!(settings.dropout >= 0.0 && settings.dropout < 1.0))
+    throw UserError("LoRA dropout must be in [0, 1) (--lora-dropout, or lora_dropout in adapter_config.json), got " +
+                    std::to_string(settings.dropout));
   // Each tensor starts on a 16-byte boundary (4 floats) so views of it can be bound directly.
   auto align4 = [](uint64_t n) { return (n + 3) / 4 * 4; };
   for (int64_t layer = 0; layer < config.num_layers; ++layer)

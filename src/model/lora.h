@@ -2,8 +2,9 @@
 // fp32, all in one parameter buffer so that the optimizer, the gradient norm and checkpoints
 // handle them in one piece; gradients, and AdamW's two moments, are buffers of the same layout.
 //
-// Forward of a target: y = base(x) + scale * (x A^T) B^T, scale = alpha / r (or alpha / sqrt(r)
-// with rsLoRA). Initialisation as PEFT: A ~ U(-1/sqrt(in), 1/sqrt(in)) (Kaiming-uniform with
+// Forward of a target: y = base(x) + scale * (dropout(x) A^T) B^T, scale = alpha / r (or
+// alpha / sqrt(r) with rsLoRA); dropout with p = LoraSettings::dropout in [0, 1) acts in training
+// runs only (model/transformer.h, ops/dropout.h). Initialisation as PEFT: A ~ U(-1/sqrt(in), 1/sqrt(in)) (Kaiming-uniform with
 // a = sqrt(5)), B = 0, from a seed.
 #pragma once
 #include <array>

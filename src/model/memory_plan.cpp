@@ -4,6 +4,7 @@
 #include "model/memory_plan.h"
 
 #include <algorithm>
+#include <string>
 
 namespace forja::model {
 
@@ -61,10 +62,16 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
   const std::uint64_t tokens = static_cast<std::uint64_t>(s.batch * s.seq_len);
   const std::uint64_t act = static_cast<std::uint64_t>(s.activation_bytes);
 
-  plan.parts.push_back({"NF4 linear weights", s.double_quant ? w.linear_nf4_dq : w.linear_nf4,
-                        s.double_quant ? "double quantisation on" : "fp32 absmax"});
-  plan.parts.push_back({"embedding (16-bit)", w.embedding_16bit, ""});
-  plan.parts.push_back({"LM head (16-bit)", w.lm_head_16bit,
+  // WeightBytes counts 16-bit weights; fp32 ones take dense_weight_bytes / 2 times as much.
+  const std::uint64_t dense_bytes = static_cast<std::uint64_t>(s.dense_weight_bytes);
+  const std::string dense_name = dense_bytes == 2 ? "16-bit" : std::to_string(8 * dense_bytes) + "-bit";
+  if (s.nf4)
+    plan.parts.push_back({"NF4 linear weights", s.double_quant ? w.linear_nf4_dq : w.linear_nf4,
+                          s.double_quant ? "double quantisation on" : "fp32 absmax"});
+  else
+    plan.parts.push_back({"linear weights (" + dense_name + ")", w.linear_16bit / 2 * dense_bytes, "not quantised"});
+  plan.parts.push_back({"embedding (" + dense_name + ")", w.embedding_16bit / 2 * dense_bytes, ""});
+  plan.parts.push_back({"LM head (" + dense_name + ")", w.lm_head_16bit / 2 * dense_bytes,
                         c.tie_word_embeddings ? "tied: shares the embedding" : ""});
   plan.parts.push_back(
       {"norms and biases (fp32)", 4 * static_cast<std::uint64_t>(p.norm + p.bias), ""});
@@ -99,6 +106,14 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
                                           2 * act * widest + 2 * 4 * chunk);
   plan.parts.push_back(
       {"scratch", scratch, "activation gradients, one vocabulary chunk of logits"});
+  if (s.lora_dropout > 0) {
+    // dropout(x) of one projection input at a time, fp32, in row chunks of at most [tokens, hidden]
+    const std::uint64_t widest_in =
+        static_cast<std::uint64_t>(std::max({c.intermediate_size, c.q_dim()}));
+    plan.parts.push_back({"LoRA dropout scratch",
+                          4 * std::max(tokens * static_cast<std::uint64_t>(c.hidden_size), widest_in),
+                          "masks are hashed, not stored"});
+  }
   return plan;
 }
 

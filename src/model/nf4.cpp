@@ -231,13 +231,21 @@ Nf4Tensor nf4_quantize(const io::TensorView& tensor, const Nf4Options& options) 
 void nf4_dequantize(const Nf4Tensor& t, std::span<float> out) {
   if (static_cast<std::int64_t>(out.size()) != t.numel)
     throw std::invalid_argument("nf4_dequantize: output size does not match the tensor");
-  for (std::int64_t b = 0; b < t.num_blocks(); ++b) {
+  nf4_dequantize(t, 0, out);
+}
+
+void nf4_dequantize(const Nf4Tensor& t, std::int64_t first, std::span<float> out) {
+  const std::int64_t last = first + static_cast<std::int64_t>(out.size());
+  if (first < 0 || last > t.numel)
+    throw std::invalid_argument("nf4_dequantize: range past the end of the tensor");
+  for (std::int64_t b = first / kNf4BlockSize; b * kNf4BlockSize < last; ++b) {
     const float a = t.block_absmax(b);
-    const std::int64_t begin = b * kNf4BlockSize, end = std::min(t.numel, begin + kNf4BlockSize);
+    const std::int64_t begin = std::max(first, b * kNf4BlockSize);
+    const std::int64_t end = std::min(last, (b + 1) * kNf4BlockSize);
     for (std::int64_t e = begin; e < end; ++e) {
       const std::uint8_t byte = t.packed[static_cast<std::size_t>(e / 2)];
       const std::uint8_t q = (e % 2 == 0) ? (byte >> 4) : (byte & 0x0f);
-      out[static_cast<std::size_t>(e)] = kNf4Code[q] * a;
+      out[static_cast<std::size_t>(e - first)] = kNf4Code[q] * a;
     }
   }
 }

@@ -131,6 +131,8 @@ QuantizedAbsmax double_quantize_absmax(std::span<const float> absmax);
 // Dequantises to fp32 (round to bf16 with io::float_to_bf16 for the compute dtype).
 void nf4_dequantize(const Nf4Tensor& t, std::span<float> out);
 std::vector<float> nf4_dequantize(const Nf4Tensor& t);
+// Elements [first, first + out.size()) only (a merge dequantises a row segment at a time).
+void nf4_dequantize(const Nf4Tensor& t, std::int64_t first, std::span<float> out);
 
 // Streams every projection weight of a checkpoint through NF4, one tensor at a time, in layer
 // order: checks each weight's shape against the config (UserError naming the tensor, the shapes

@@ -1,10 +1,13 @@
 #include "model/transformer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
 
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
+#include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
@@ -55,8 +58,19 @@ gpu::Buffer Transformer::alloc(uint64_t bytes, const char* what) {
 }
 
 Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lora, uint32_t max_batch,
-                         uint32_t max_seq, bool grad_checkpointing)
-    : ctx_(ctx), base_(base), lora_(lora), c_(base.config), checkpointing_(grad_checkpointing) {
+                         uint32_t max_seq, bool grad_checkpointing, const TransformerOptions& options)
+    : ctx_(ctx), base_(base), lora_(lora), c_(base.config), checkpointing_(grad_checkpointing), options_(options) {
+  const DType dense = dense_dtype_for(options.precision);
+  base_operands_ = dense;
+  bool matches = base.embed_dtype == dense;
+  for (const BaseLayer& layer : base.layers)
+    for (const BaseLinear& lin : layer.linears) matches = matches && (lin.nf4 || lin.dense_dtype == dense);
+  if (!matches)
+    throw std::logic_error(std::string("Transformer: --precision ") + precision_name(options.precision) +
+                           " needs base weights loaded with dense_dtype = dense_dtype_for(precision)");
+  if (options.precision == Precision::fp32 && options.base_kernel != ops::GemmKernel::automatic &&
+      options.base_kernel != ops::GemmKernel::scalar)
+    throw std::logic_error("Transformer: fp32 precision runs the scalar kernels only");
   max_tokens_ = max_batch * max_seq;
   const uint64_t T = max_tokens_, H = c_.hidden_size, I = c_.intermediate_size, nh = c_.num_heads,
                  nkv = c_.num_kv_heads, d = c_.head_dim, r = lora.settings().rank;
@@ -108,6 +122,11 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   grad_->dt = alloc(T * r * 4, "lora dt");
   final_h_ = alloc(T * H * 4, "final norm");
   final_rstd_ = alloc(T * 4, "final rstd");
+  if (lora_.settings().dropout > 0) {
+    // at least one row of the widest projection input, so every chunk holds a row
+    dropout_scratch_elems_ = std::max<uint64_t>({T * H, I, nh * d});
+    dropout_scratch_ = alloc(dropout_scratch_elems_ * 4, "lora dropout scratch");
+  }
 }
 
 Transformer::~Transformer() {
@@ -134,17 +153,17 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
   const uint32_t T = tokens_;
   const float beta = accumulate ? 1.0f : 0.0f;
   if (lin.nf4) {
-    ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, T, 1.0f, beta);
-  } else {
+    ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, T, 1.0f, beta, base_operands_, options_.base_kernel);
+  } else {  // mixed: fp16 W, x rounded to fp16 as it is loaded
     ops::gemm(ctx_, GemmShape{T, lin.out, lin.in, false, true, 1.0f, beta}, MatrixView{x, DType::f32, 0, lin.in},
-              MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{y, DType::f32, 0, lin.out});
+              MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{y, DType::f32, 0, lin.out},
+              options_.base_kernel);
   }
   if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
   if (const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind)) {
     const uint32_t r = s->rank;
-    // t = x A^T  [T, r];  y += scale * t B^T
-    ops::gemm(ctx_, GemmShape{T, r, s->in, false, true}, MatrixView{x, DType::f32, 0, s->in},
-              MatrixView{lora_.a(*s), DType::f32, 0, s->in}, MatrixView{lora_t, DType::f32, 0, r});
+    // t = x A^T (or dropout(x) A^T)  [T, r];  y += scale * t B^T
+    lora_input_forward(layer, *s, x, lora_t);
     ops::gemm(ctx_, GemmShape{T, s->out, r, false, true, lora_.scale(), 1.0f}, MatrixView{lora_t, DType::f32, 0, r},
               MatrixView{lora_.b(*s), DType::f32, 0, r}, MatrixView{y, DType::f32, 0, s->out});
   }
@@ -157,28 +176,79 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   const float beta = accumulate_dx ? 1.0f : 0.0f;
   // dx (=|+=) dy W
   if (lin.nf4) {
-    ops::nf4_gemm_dyw(ctx_, dy, *lin.nf4, dx, T, 1.0f, beta);
+    ops::nf4_gemm_dyw(ctx_, dy, *lin.nf4, dx, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {
     ops::gemm(ctx_, GemmShape{T, lin.in, lin.out, false, false, 1.0f, beta}, MatrixView{dy, DType::f32, 0, lin.out},
-              MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{dx, DType::f32, 0, lin.in});
+              MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{dx, DType::f32, 0, lin.in},
+              options_.base_kernel);
   }
   const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind);
   if (!s) return;
   const uint32_t r = s->rank;
   const float scale = lora_.scale();
   const gpu::Buffer dt = grad_->dt;
-  // dB += scale * dy^T t          [out, r]
-  ops::gemm(ctx_, GemmShape{s->out, r, T, true, false, scale, 1.0f}, MatrixView{dy, DType::f32, 0, s->out},
+  // dB += scale * dy^T t          [out, r]   (lora_grad_scale_: see run)
+  ops::gemm(ctx_, GemmShape{s->out, r, T, true, false, scale * lora_grad_scale_, 1.0f},
+            MatrixView{dy, DType::f32, 0, s->out},
             MatrixView{lora_t, DType::f32, 0, r}, MatrixView{lora_.grad_b(*s), DType::f32, 0, r});
   // dt = scale * dy B             [T, r]
   ops::gemm(ctx_, GemmShape{T, r, s->out, false, false, scale, 0.0f}, MatrixView{dy, DType::f32, 0, s->out},
             MatrixView{lora_.b(*s), DType::f32, 0, r}, MatrixView{dt, DType::f32, 0, r});
+  if (dropout_on_) {
+    lora_input_backward_dropout(layer, *s, x, dt, dx, lora_grad_scale_);
+    return;
+  }
   // dA += dt^T x                  [r, in]
-  ops::gemm(ctx_, GemmShape{r, s->in, T, true, false, 1.0f, 1.0f}, MatrixView{dt, DType::f32, 0, r},
+  ops::gemm(ctx_, GemmShape{r, s->in, T, true, false, lora_grad_scale_, 1.0f}, MatrixView{dt, DType::f32, 0, r},
             MatrixView{x, DType::f32, 0, s->in}, MatrixView{lora_.grad_a(*s), DType::f32, 0, s->in});
   // dx += dt A                    [T, in]
   ops::gemm(ctx_, GemmShape{T, s->in, r, false, false, 1.0f, 1.0f}, MatrixView{dt, DType::f32, 0, r},
             MatrixView{lora_.a(*s), DType::f32, 0, s->in}, MatrixView{dx, DType::f32, 0, s->in});
+}
+
+void Transformer::set_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro_batch) {
+  dropout_stream_ = ops::dropout_stream(seed, step, micro_batch);
+  dropout_seed_fresh_ = true;
+}
+
+void Transformer::lora_input_forward(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& lora_t) {
+  const uint32_t T = tokens_, r = s.rank;
+  if (!dropout_on_) {
+    ops::gemm(ctx_, GemmShape{T, r, s.in, false, true}, MatrixView{x, DType::f32, 0, s.in},
+              MatrixView{lora_.a(s), DType::f32, 0, s.in}, MatrixView{lora_t, DType::f32, 0, r});
+    return;
+  }
+  const ops::DropoutParams d = ops::dropout_params(
+      lora_.settings().dropout, ops::dropout_key(dropout_stream_, layer, static_cast<uint32_t>(s.kind)));
+  const uint32_t chunk = static_cast<uint32_t>(dropout_scratch_elems_ / s.in);
+  for (uint32_t r0 = 0; r0 < T; r0 += chunk) {
+    const uint32_t n = std::min(chunk, T - r0);
+    // scratch = dropout(x[r0 : r0 + n]);  t[r0 : r0 + n] = scratch A^T
+    ops::dropout_apply(ctx_, d, x, uint64_t(r0) * s.in, dropout_scratch_, 0, r0, n, s.in, false);
+    ops::gemm(ctx_, GemmShape{n, r, s.in, false, true}, MatrixView{dropout_scratch_, DType::f32, 0, s.in},
+              MatrixView{lora_.a(s), DType::f32, 0, s.in}, MatrixView{lora_t, DType::f32, uint64_t(r0) * r, r});
+  }
+}
+
+void Transformer::lora_input_backward_dropout(size_t layer, const LoraSlot& s, const gpu::Buffer& x,
+                                              const gpu::Buffer& dt, const gpu::Buffer& dx, float grad_a_scale) {
+  const uint32_t T = tokens_, r = s.rank;
+  const ops::DropoutParams d = ops::dropout_params(
+      lora_.settings().dropout, ops::dropout_key(dropout_stream_, layer, static_cast<uint32_t>(s.kind)));
+  const uint32_t chunk = static_cast<uint32_t>(dropout_scratch_elems_ / s.in);
+  for (uint32_t r0 = 0; r0 < T; r0 += chunk) {
+    const uint32_t n = std::min(chunk, T - r0);
+    const MatrixView dt_rows{dt, DType::f32, uint64_t(r0) * r, r};
+    const MatrixView scratch{dropout_scratch_, DType::f32, 0, s.in};
+    // the forward's mask, regenerated:  scratch = dropout(x[rows]);  dA += dt[rows]^T scratch
+    ops::dropout_apply(ctx_, d, x, uint64_t(r0) * s.in, dropout_scratch_, 0, r0, n, s.in, false);
+    ops::gemm(ctx_, GemmShape{r, s.in, n, true, false, grad_a_scale, 1.0f}, dt_rows, scratch,
+              MatrixView{lora_.grad_a(s), DType::f32, 0, s.in});
+    // scratch = dt[rows] A;  dx[rows] += mask * scratch (dropout's backward is the same mask)
+    ops::gemm(ctx_, GemmShape{n, s.in, r, false, false, 1.0f, 0.0f}, dt_rows,
+              MatrixView{lora_.a(s), DType::f32, 0, s.in}, scratch);
+    ops::dropout_apply(ctx_, d, dropout_scratch_, 0, dx, uint64_t(r0) * s.in, r0, n, s.in, true);
+  }
 }
 
 void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer* x_out) {
@@ -216,8 +286,7 @@ void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a,
     linear_forward(i, LinearKind::Down, a.act, *x_out, t(LinearKind::Down), true);  // x3 = x2 + mlp
   } else if (const LoraSlot* s = lora_.find(static_cast<int64_t>(i), LinearKind::Down)) {
     // Recomputation for the backward: only the down projection's LoRA input t is still needed.
-    ops::gemm(ctx_, GemmShape{T, s->rank, s->in, false, true}, MatrixView{a.act, DType::f32, 0, s->in},
-              MatrixView{lora_.a(*s), DType::f32, 0, s->in}, MatrixView{t(LinearKind::Down), DType::f32, 0, s->rank});
+    lora_input_forward(i, *s, a.act, t(LinearKind::Down));
   }
 }
 
@@ -257,6 +326,12 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
 
 void Transformer::run(const TokenBatch& batch, float inv_n, const gpu::Buffer& loss_sum, bool backward) {
   upload_batch(batch);
+  dropout_on_ = backward && lora_.settings().dropout > 0;
+  if (dropout_on_) {
+    if (!dropout_seed_fresh_)
+      throw std::logic_error("Transformer::run: LoRA dropout needs set_dropout_seed before every backward run");
+    dropout_seed_fresh_ = false;
+  }
   const uint32_t T = tokens_, H = static_cast<uint32_t>(c_.hidden_size), V = static_cast<uint32_t>(c_.vocab_size);
   const size_t L = static_cast<size_t>(c_.num_layers);
   ops::embedding_forward(ctx_, base_.embedding, base_.embed_dtype, ids_, x_[0], T, H, V);
@@ -265,7 +340,16 @@ void Transformer::run(const TokenBatch& batch, float inv_n, const gpu::Buffer& l
                        static_cast<float>(c_.rms_norm_eps));
   ops::CrossEntropyOptions ce;
   ce.need_grad = backward;
-  ops::lm_head_cross_entropy(ctx_, final_h_, base_.lm_head, base_.embed_dtype, targets_, T, H, V, inv_n, loss_sum,
+  // Mixed precision rounds activation gradients to fp16 where they enter the base products; at
+  // the scale of the mean loss (inv_n ~ 1e-4 for real batches) they would fall into fp16's
+  // subnormals. So the backward carries the gradient of the summed loss (per-token dlogits in
+  // [-1, 1]; every backward op is linear in its upstream gradient) and inv_n is applied where
+  // the LoRA gradients accumulate: a static loss scale of n that keeps per-token gradients of
+  // order one, far from both ends of fp16's range.
+  const bool scaled = options_.precision == Precision::mixed;
+  lora_grad_scale_ = scaled ? inv_n : 1.0f;
+  ops::lm_head_cross_entropy(ctx_, final_h_, base_.lm_head, base_.embed_dtype, targets_, T, H, V,
+                             scaled ? 1.0f : inv_n, loss_sum,
                              grad_->dh, ce);
   if (!backward) return;
   ops::rmsnorm_backward(ctx_, grad_->dh, x_[L], base_.final_norm, DType::f32, final_rstd_, grad_->dx, T, H, false);

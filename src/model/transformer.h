@@ -1,6 +1,7 @@
 // The decoder's forward and backward pass on the GPU, written out by hand (llm.c style): the
 // frozen base (model/base_weights.h) with LoRA adapters (model/lora.h), for Qwen3, Qwen2, Llama
-// and Mistral (formats.md 1.3-1.7). Activations are fp32.
+// and Mistral (formats.md 1.3-1.7). Activations are fp32; TransformerOptions::precision chooses
+// the arithmetic of the products with the base weights (model/precision.h).
 //
 // Per layer:  h1 = rmsnorm(x); q,k,v = proj(h1) (+bias); Qwen3: per-head rmsnorm on q, k;
 //             rope(q, k); a = attention(q, k, v); x2 = x + o_proj(a);
@@ -8,7 +9,8 @@
 // then the final norm and the LM head fused with the cross-entropy (no [T, V] logits).
 //
 // Backward: gradients flow to LoRA A and B only (base frozen); parameter gradients accumulate
-// (+=) across micro-batches, activation gradients are written (=). With activation
+// (+=) across micro-batches, activation gradients are written (=). In mixed precision the
+// activation gradients are those of the summed loss, not the mean (a loss scale; see run). With activation
 // checkpointing each layer keeps only its input; its forward is recomputed inside the backward.
 #pragma once
 #include <array>
@@ -19,8 +21,19 @@
 #include "gpu/context.h"
 #include "model/base_weights.h"
 #include "model/lora.h"
+#include "model/precision.h"
 
 namespace forja::model {
+
+struct TransformerOptions {
+  // fp32 needs base weights loaded with dense_dtype f32, mixed with f16 (dense_dtype_for):
+  // the constructor checks (std::logic_error).
+  Precision precision = Precision::fp32;
+  // The kernel of the products with the base projections (dense and NF4). automatic: scalar
+  // in fp32; in mixed, the cooperative-matrix kernel where present, else the fp16 scalar one.
+  // Tests set coopmat_emulated to run the cooperative-matrix path on any device (mixed only).
+  ops::GemmKernel base_kernel = ops::GemmKernel::automatic;
+};
 
 // One micro-batch, host side: B sequences of S tokens, row-major [B, S].
 struct TokenBatch {
@@ -36,7 +49,7 @@ class Transformer {
  public:
   // Buffers for batches of up to max_batch x max_seq tokens are allocated once.
   Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lora, uint32_t max_batch, uint32_t max_seq,
-              bool grad_checkpointing);
+              bool grad_checkpointing, const TransformerOptions& options = {});
   ~Transformer();
   Transformer(const Transformer&) = delete;
   Transformer& operator=(const Transformer&) = delete;
@@ -48,17 +61,33 @@ class Transformer {
 
   uint64_t activation_bytes() const { return activation_bytes_; }
 
+  // LoRA dropout (PEFT: y = base(x) + scale * B A dropout(x), p = the LoRA settings' dropout)
+  // acts in runs with backward = true when p > 0; forward-only runs (evaluation) see no dropout.
+  // Its masks are hashes of (seed, step, micro_batch, layer, projection, token, feature)
+  // (ops/dropout.h), so nothing is stored and the backward regenerates them. The trainer calls
+  // this before every backward run (each micro-batch); a backward run with p > 0 throws
+  // std::logic_error unless it was called since the previous one, so masks never repeat by
+  // accident.
+  void set_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro_batch);
+
  private:
   struct LayerActs;
   struct GradScratch;
   void upload_batch(const TokenBatch& b);
   void layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer* x_out);
   void layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer& dx);
-  // y (=|+=) x W^T (+ b) + scale * (x A^T) B^T; saves x A^T in lora_t.
+  // y (=|+=) x W^T (+ b) + scale * (x A^T) B^T; saves x A^T in lora_t (x -> dropout(x) in the
+  // LoRA path while dropout acts).
   void linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
                       const gpu::Buffer& lora_t, bool accumulate);
   void linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
                        const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx);
+  // lora_t = x A^T, or dropout(x) A^T while dropout acts.
+  void lora_input_forward(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& lora_t);
+  // dA += grad_a_scale * dt^T dropout(x), dx += dropout'(dt A): linear_backward's LoRA input
+  // part with dropout.
+  void lora_input_backward_dropout(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& dt,
+                                   const gpu::Buffer& dx, float grad_a_scale);
 
   gpu::Context& ctx_;
   const BaseWeights& base_;
@@ -66,6 +95,9 @@ class Transformer {
   ModelConfig c_;
   uint32_t max_tokens_ = 0, tokens_ = 0, batch_ = 0, seq_ = 0;
   bool checkpointing_ = false;
+  TransformerOptions options_;
+  ops::DType base_operands_ = ops::DType::f32;  // the operand precision of the NF4 products
+  float lora_grad_scale_ = 1.0f;                 // factor of the LoRA gradient products (run)
   uint64_t activation_bytes_ = 0;
   // batch inputs on the GPU (int32 [tokens])
   gpu::Buffer ids_, targets_, positions_, segments_;
@@ -74,6 +106,13 @@ class Transformer {
   std::vector<std::unique_ptr<LayerActs>> acts_;  // one per layer, or one shared when checkpointing
   std::unique_ptr<GradScratch> grad_;
   gpu::Buffer final_h_, final_rstd_;
+  // LoRA dropout: the micro-batch's key stream, whether this run applies it, and a scratch of
+  // [rows, in] for dropout(x) (and dt A in the backward): max_tokens x hidden floats, used in
+  // row chunks of scratch / in tokens, so wider projections (o, down) take several chunks.
+  uint64_t dropout_stream_ = 0;
+  bool dropout_seed_fresh_ = false, dropout_on_ = false;
+  gpu::Buffer dropout_scratch_;
+  uint64_t dropout_scratch_elems_ = 0;
   std::vector<gpu::Buffer> owned_;
   gpu::Buffer alloc(uint64_t bytes, const char* what);
 };

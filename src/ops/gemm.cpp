@@ -149,6 +149,7 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
                                         {ob.binding, gpu::Access::read},
                                         {oc.binding, s.beta != 0.0f ? gpu::Access::read_write : gpu::Access::write}};
 
+  const bool mixed = a.dtype == DType::f32 && b.dtype == DType::f16;
   if (is_scalar(kernel)) {
     const ScalarTile t = scalar_tile(ctx, s, kernel);
     // 4-element chunks (vec4 loads and stores) need every chunk of the stored rows to be aligned
@@ -160,10 +161,10 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
     const bool vec_a = chunks_ok(a.ld, oa.offset, s.a_stride, a_contig);
     const bool vec_b = chunks_ok(b.ld, ob.offset, s.b_stride, b_contig);
     const bool vec_c = chunks_ok(c.ld, oc.offset, s.c_stride, s.n);
-    const std::string variant = std::string(a.dtype == DType::f16 ? "gemm_f16_t" : "gemm_f32_t") + std::to_string(t.bm);
+    const char* base = mixed ? "gemm_f32f16" : a.dtype == DType::f16 ? "gemm_f16" : "gemm_f32";
+    const std::string variant = std::string(base) + "_t" + std::to_string(t.bm);
     const auto& p = ctx.pipelines().get(variant, 3, sizeof(GemmPush), {s.trans_a, s.trans_b, vec_a, vec_b, vec_c});
-    ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch,
-                 a.dtype == DType::f16 ? "gemm_f16" : "gemm_f32", flops);
+    ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, base, flops);
     return;
   }
   const bool emulated = kernel == GemmKernel::coopmat_emulated;
@@ -174,7 +175,7 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
   const bool vec_a = a.ld % 8 == 0 && oa.offset % 8 == 0 && s.a_stride % 8 == 0 && a_contig % 8 == 0;
   const bool vec_b = b.ld % 8 == 0 && ob.offset % 8 == 0 && s.b_stride % 8 == 0 && b_contig % 8 == 0;
   const uint32_t threads = t.wm * t.wn * 32;
-  const char* name = emulated ? "gemm_nvcm_emu" : "gemm_nvcm";
+  const char* name = mixed ? (emulated ? "gemm_nvcm_af32_emu" : "gemm_nvcm_af32") : (emulated ? "gemm_nvcm_emu" : "gemm_nvcm");
   const auto& p = ctx.pipelines().get(name, 3, sizeof(GemmPush),
                                       {threads, t.bm, t.bn, t.bk, t.wm, t.wn, t.stages, s.trans_a, s.trans_b,
                                        vec_a, vec_b});
@@ -201,15 +202,16 @@ std::string gemm_kernel_name(GemmKernel k) {
 
 void gemm(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const MatrixView& b, const MatrixView& c,
           GemmKernel kernel) {
-  if (a.dtype != b.dtype) throw std::logic_error("gemm: A and B must have the same dtype");
+  if (a.dtype != b.dtype && !(a.dtype == DType::f32 && b.dtype == DType::f16))
+    throw std::logic_error("gemm: A and B must have the same dtype, or A fp32 and B fp16");
   if (c.dtype != DType::f32) throw std::logic_error("gemm: C must be fp32");
   if (s.batch == 0) return;
   const uint64_t a_cols = s.trans_a ? s.m : s.k, b_cols = s.trans_b ? s.k : s.n;
   if (a.ld < a_cols || b.ld < b_cols || c.ld < s.n)
     throw std::logic_error("gemm: a leading dimension is smaller than its row length");
-  if (kernel == GemmKernel::automatic) kernel = gemm_kernel_for(ctx, a.dtype);
-  if ((kernel == GemmKernel::coopmat || kernel == GemmKernel::coopmat_emulated) && a.dtype != DType::f16)
-    throw std::logic_error("gemm: the cooperative-matrix kernel takes fp16 operands");
+  if (kernel == GemmKernel::automatic) kernel = gemm_kernel_for(ctx, b.dtype);
+  if ((kernel == GemmKernel::coopmat || kernel == GemmKernel::coopmat_emulated) && b.dtype != DType::f16)
+    throw std::logic_error("gemm: the cooperative-matrix kernel takes fp16 operands (or an fp32 A)");
   if (kernel == GemmKernel::coopmat && !coopmat_available(ctx))
     throw std::logic_error("gemm: the cooperative-matrix kernel is not available on this device");
   if (s.k == 0 && !is_scalar(kernel)) {

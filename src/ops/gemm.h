@@ -2,12 +2,15 @@
 //
 // op(A) is M x K (A stored [M,K], or [K,M] when trans_a); op(B) is K x N (B stored [K,N], or
 // [N,K] when trans_b: y = x W^T for a Linear weight W is trans_b = true). C is fp32 [M,N].
-// Operands are fp32 or fp16 (both the same). Matrices are views: a buffer, an element offset
+// Operands are both fp32, both fp16, or A fp32 and B fp16 ("mixed": A is rounded to fp16 as it
+// is loaded, so the product is that of two fp16 matrices with fp32 accumulation whichever
+// kernel runs; mixed-precision training multiplies fp32 activations by fp16 weights so, without
+// fp16 copies of the activations). Matrices are views: a buffer, an element offset
 // and a leading dimension (row stride in elements), so slices of larger tensors work directly.
 // Operands larger than the device's maxStorageBufferRange are split into several dispatches.
 //
-// Variants: the scalar tiled kernel everywhere; with fp16 operands on a device with
-// GL_NV_cooperative_matrix 16x16x16 (and subgroup 32), the cooperative-matrix kernel.
+// Variants: the scalar tiled kernel everywhere; with an fp16 B (fp16 or mixed operands) on a
+// device with GL_NV_cooperative_matrix 16x16x16 (and subgroup 32), the cooperative-matrix kernel.
 // FORJA_NO_COOPMAT=1 turns the latter off (debugging).
 #pragma once
 #include <cstdint>
@@ -40,7 +43,7 @@ struct GemmShape {
 // scalar picks its tile by the shape; scalar_t64 / scalar_t128 force one (tests, benchmarks).
 enum class GemmKernel { automatic, scalar, scalar_t64, scalar_t128, coopmat, coopmat_emulated };
 
-// The kernel `automatic` resolves to for these operand types on this device.
+// The kernel `automatic` resolves to on this device for B of dtype `operands` (A fp32 or the same).
 GemmKernel gemm_kernel_for(const gpu::Context& ctx, DType operands);
 std::string gemm_kernel_name(GemmKernel k);
 

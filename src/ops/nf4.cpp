@@ -82,13 +82,18 @@ bool coopmat_available(const gpu::Context& ctx) {
 // C [M, N] = alpha * A [M, K] · op(W) + beta * C with op(W) = W^T (trans_w, W [N, K]) or W
 // (W [K, N]). Splits M so that no binding of A or C exceeds the device's limit.
 void fused_gemm(gpu::Context& ctx, const gpu::Buffer& a, const Nf4Weight& w, const gpu::Buffer& c, uint32_t m,
-                uint32_t n, uint32_t k, bool trans_w, float alpha, float beta, GemmKernel kernel, const char* op) {
+                uint32_t n, uint32_t k, bool trans_w, float alpha, float beta, DType operands, GemmKernel kernel,
+                const char* op) {
   check_weight(w, op);
   if (uint64_t(m) * k * 4 > a.size || uint64_t(m) * n * 4 > c.size)
     throw std::logic_error(std::string(op) + ": input or output buffer too small for " + std::to_string(m) +
                            " rows of the " + std::to_string(w.rows) + "x" + std::to_string(w.cols) + " weight");
   if (m == 0) return;
-  if (kernel == GemmKernel::automatic) kernel = nf4_gemm_kernel_for(ctx);
+  if (kernel == GemmKernel::automatic) kernel = nf4_gemm_kernel_for(ctx, operands);
+  const bool scalar =
+      kernel == GemmKernel::scalar || kernel == GemmKernel::scalar_t64 || kernel == GemmKernel::scalar_t128;
+  if (!scalar && operands != DType::f16)
+    throw std::logic_error(std::string(op) + ": the cooperative-matrix kernel takes fp16 operands");
   if (kernel == GemmKernel::coopmat && !coopmat_available(ctx))
     throw std::logic_error(std::string(op) + ": the cooperative-matrix kernel is not available on this device");
 
@@ -110,7 +115,7 @@ void fused_gemm(gpu::Context& ctx, const gpu::Buffer& a, const Nf4Weight& w, con
                    beta != 0.0f ? gpu::Access::read_write : gpu::Access::write};
     const double flops = 2.0 * mp * n * k;
     const std::vector<uint32_t> spec = {trans_w ? 1u : 0u, w.double_quant ? 1u : 0u};
-    if (kernel == GemmKernel::scalar || kernel == GemmKernel::scalar_t64 || kernel == GemmKernel::scalar_t128) {
+    if (scalar) {
       // Tile choice as for ops::gemm's scalar kernel (see scalar_tile in gemm.cpp).
       const uint64_t groups128 = uint64_t((n + 127) / 128) * ((mp + 127) / 128);
       const bool small = kernel == GemmKernel::scalar_t64 ||
@@ -120,8 +125,9 @@ void fused_gemm(gpu::Context& ctx, const gpu::Buffer& a, const Nf4Weight& w, con
       // 4-element chunks (see nf4_gemm.comp): A's rows and offset, W's stored rows, C's rows.
       const uint32_t vec_a = k % 4 == 0 && push.a_offset % 4 == 0, vec_b = w.cols % 4 == 0;
       const uint32_t vec_c = n % 4 == 0 && push.c_offset % 4 == 0;
-      const auto& p = ctx.pipelines().get(small ? "nf4_gemm_t64" : "nf4_gemm_t128", 6, sizeof(Nf4GemmPush),
-                                          {spec[0], spec[1], vec_a, vec_b, vec_c});
+      const char* variant = operands == DType::f16 ? (small ? "nf4_gemm_f16_t64" : "nf4_gemm_f16_t128")
+                                                   : (small ? "nf4_gemm_t64" : "nf4_gemm_t128");
+      const auto& p = ctx.pipelines().get(variant, 6, sizeof(Nf4GemmPush), {spec[0], spec[1], vec_a, vec_b, vec_c});
       ctx.dispatch(p, bindings, push, (n + tile - 1) / tile, (mp + tile - 1) / tile, 1, op, flops);
     } else {
       // Workgroup tile BM = BN = 128 where that still gives the device enough workgroups, else
@@ -208,18 +214,18 @@ void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& ou
   }
 }
 
-GemmKernel nf4_gemm_kernel_for(const gpu::Context& ctx) {
-  return coopmat_available(ctx) ? GemmKernel::coopmat : GemmKernel::scalar;
+GemmKernel nf4_gemm_kernel_for(const gpu::Context& ctx, DType operands) {
+  return operands == DType::f16 && coopmat_available(ctx) ? GemmKernel::coopmat : GemmKernel::scalar;
 }
 
 void nf4_gemm_xwt(gpu::Context& ctx, const gpu::Buffer& x, const Nf4Weight& w, const gpu::Buffer& y, uint32_t m,
-                  float alpha, float beta, GemmKernel kernel) {
-  fused_gemm(ctx, x, w, y, m, w.rows, w.cols, true, alpha, beta, kernel, "nf4_gemm_xwt");
+                  float alpha, float beta, DType operands, GemmKernel kernel) {
+  fused_gemm(ctx, x, w, y, m, w.rows, w.cols, true, alpha, beta, operands, kernel, "nf4_gemm_xwt");
 }
 
 void nf4_gemm_dyw(gpu::Context& ctx, const gpu::Buffer& dy, const Nf4Weight& w, const gpu::Buffer& dx, uint32_t m,
-                  float alpha, float beta, GemmKernel kernel) {
-  fused_gemm(ctx, dy, w, dx, m, w.cols, w.rows, false, alpha, beta, kernel, "nf4_gemm_dyw");
+                  float alpha, float beta, DType operands, GemmKernel kernel) {
+  fused_gemm(ctx, dy, w, dx, m, w.cols, w.rows, false, alpha, beta, operands, kernel, "nf4_gemm_dyw");
 }
 
 }  // namespace forja::ops

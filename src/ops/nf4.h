@@ -8,10 +8,11 @@
 // x, y, dy, dx are fp32, row-major, leading dimension = row length, starting at the start of
 // their buffer views. beta == 0 never reads the output (it may hold NaN).
 //
-// Kernels: the scalar tiled kernel (fp32 W and fp32 arithmetic) everywhere; on a device with
-// GL_NV_cooperative_matrix 16x16x16 f16 -> f32, the cooperative-matrix kernel, which rounds x
-// (dy) and the decoded W to fp16 on load and accumulates in fp32 (as bitsandbytes' 16-bit
-// compute dtype does). FORJA_NO_COOPMAT=1 keeps the scalar kernel.
+// `operands` chooses the arithmetic: f32 multiplies x (dy) by the decoded W in fp32 (the scalar
+// kernel; the reference precision); f16 rounds x (dy) and the decoded W to fp16 on load and
+// accumulates in fp32 (as bitsandbytes' 16-bit compute dtype does): the cooperative-matrix
+// kernel on a device with GL_NV_cooperative_matrix 16x16x16 f16 -> f32, the scalar kernel's
+// fp16-rounding variant elsewhere (or with FORJA_NO_COOPMAT=1).
 #pragma once
 #include <cstdint>
 
@@ -41,14 +42,18 @@ void free_nf4(gpu::Context& ctx, Nf4Weight& w);
 // Outputs beyond the binding limit are written in several dispatches.
 void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out);
 
-// The kernel `automatic` resolves to on this device (scalar or coopmat).
-GemmKernel nf4_gemm_kernel_for(const gpu::Context& ctx);
+// The kernel `automatic` resolves to on this device for `operands`: scalar for f32; coopmat, or
+// scalar (rounding to fp16) where there is none, for f16.
+GemmKernel nf4_gemm_kernel_for(const gpu::Context& ctx, DType operands = DType::f32);
 
 // y [M, rows] = alpha * x [M, cols] · dequant(W)^T + beta * y      (forward: y = x W^T)
+// The cooperative-matrix kernels (coopmat, coopmat_emulated) need operands = f16.
 void nf4_gemm_xwt(gpu::Context& ctx, const gpu::Buffer& x, const Nf4Weight& w, const gpu::Buffer& y, uint32_t m,
-                  float alpha = 1.0f, float beta = 0.0f, GemmKernel kernel = GemmKernel::automatic);
+                  float alpha = 1.0f, float beta = 0.0f, DType operands = DType::f32,
+                  GemmKernel kernel = GemmKernel::automatic);
 // dx [M, cols] = alpha * dy [M, rows] · dequant(W) + beta * dx    (input gradient: dx = dy W)
 void nf4_gemm_dyw(gpu::Context& ctx, const gpu::Buffer& dy, const Nf4Weight& w, const gpu::Buffer& dx, uint32_t m,
-                  float alpha = 1.0f, float beta = 0.0f, GemmKernel kernel = GemmKernel::automatic);
+                  float alpha = 1.0f, float beta = 0.0f, DType operands = DType::f32,
+                  GemmKernel kernel = GemmKernel::automatic);
 
 }  // namespace forja::ops

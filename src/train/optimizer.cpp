@@ -25,9 +25,12 @@ double AdamW::lr_at(int64_t step) const {
   return settings_.lr * lr_multiplier(settings_.schedule, step, settings_.warmup_steps, settings_.total_steps);
 }
 
-void AdamW::step(int64_t step) {
+void AdamW::compute_grad_norm() {
+  ops::global_l2_norm(ctx_, {{lora_.grads(), lora_.parameter_count()}}, norm_);
+}
+
+void AdamW::apply(int64_t step) {
   const uint64_t n = lora_.parameter_count();
-  ops::global_l2_norm(ctx_, {{lora_.grads(), n}}, norm_);
   ops::AdamwParams p;
   p.lr = static_cast<float>(lr_at(step));
   p.beta1 = static_cast<float>(settings_.beta1);

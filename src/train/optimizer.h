@@ -29,7 +29,13 @@ class AdamW {
 
   // Clips and applies the accumulated gradients as optimizer step `step` (0-based). The
   // unclipped global norm lands in grad_norm()[0] on the GPU.
-  void step(int64_t step);
+  void step(int64_t step) {
+    compute_grad_norm();
+    apply(step);
+  }
+  // The two halves of step(), for a trainer that checks the norm (download) before applying.
+  void compute_grad_norm();
+  void apply(int64_t step);
   double lr_at(int64_t step) const;
   gpu::Buffer grad_norm() const { return norm_; }
   gpu::Buffer m() const { return m_; }

@@ -77,6 +77,36 @@ TEST(MemoryPlan, TrainingEstimateParts) {
   EXPECT_GT(off.total(), on.total());
   EXPECT_LT(on.total() / 1e9, 6.0);
   EXPECT_GT(on.total() / 1e9, 2.6);
+  // LoRA dropout adds one fp32 [tokens, hidden] scratch, nothing per layer.
+  TrainingSettings d = s;
+  d.lora_dropout = 0.1;
+  const MemoryPlan with_dropout = plan_training_memory(c, d);
+  EXPECT_EQ(with_dropout.total() - plan_training_memory(c, s).total(),
+            4u * std::uint64_t(d.batch * d.seq_len) * std::uint64_t(c.hidden_size));
+}
+
+TEST(MemoryPlan, DenseAndFp32Weights) {
+  // forja bench in fp32: embedding and LM head in fp32, projections NF4 or dense fp32.
+  ModelConfig c = parse(test::qwen3_8b());
+  const WeightBytes w = weight_bytes(c);
+  TrainingSettings s;
+  auto part = [](const MemoryPlan& p, const std::string& name) {
+    for (auto& m : p.parts)
+      if (m.name == name) return m.bytes;
+    ADD_FAILURE() << "no part " << name;
+    return std::uint64_t{0};
+  };
+  const MemoryPlan sixteen = plan_training_memory(c, s);
+  EXPECT_EQ(part(sixteen, "embedding (16-bit)"), 2u * 151936 * 4096);
+  s.dense_weight_bytes = 4;
+  const MemoryPlan nf4 = plan_training_memory(c, s);
+  EXPECT_EQ(part(nf4, "embedding (32-bit)"), 4u * 151936 * 4096);
+  EXPECT_EQ(part(nf4, "LM head (32-bit)"), 4u * 151936 * 4096);
+  EXPECT_EQ(part(nf4, "NF4 linear weights"), w.linear_nf4_dq);
+  s.nf4 = false;
+  const MemoryPlan dense = plan_training_memory(c, s);
+  EXPECT_EQ(part(dense, "linear weights (32-bit)"), 4u * static_cast<std::uint64_t>(count_parameters(c).linear));
+  EXPECT_EQ(dense.total() - nf4.total(), 2 * w.linear_16bit - w.linear_nf4_dq);
 }
 
 }  // namespace

@@ -40,31 +40,37 @@ struct Layout {
   uint32_t a_offset = 0, b_offset = 0;             // elements before batch 0 of A, B
   uint32_t batch = 1;
   uint32_t stride_pad = 0;  // elements between the batches of A and B beyond the matrices
-  static Layout aligned() { return {4, 4, 4, 0, 0, 1, 0}; }
+  // With dtype f16: mixed operands, A uploaded in fp32 (unrounded), which the kernel rounds to
+  // fp16 on load; the reference multiplies the rounded values.
+  bool a_f32 = false;
+  static Layout aligned() { return {4, 4, 4, 0, 0, 1, 0, false}; }
 };
 
 class GemmTest : public GpuTest {
  protected:
   // Runs one product and checks it. `exact_values`: inputs from {-0.5, 0, 0.5, 1}, so every
   // product and partial sum is exact in fp32 and the result must equal the reference exactly.
-  void run(const Case& c, DType dtype, GemmKernel kernel, bool exact_values, uint32_t seed = 1) {
+  // a_f32: mixed operands (see Layout).
+  void run(const Case& c, DType dtype, GemmKernel kernel, bool exact_values, uint32_t seed = 1, bool a_f32 = false) {
     Layout l;
     if (dtype == DType::f16) l.lda_pad = 8;
+    l.a_f32 = a_f32;
     run(c, dtype, kernel, exact_values, l, seed);
   }
   void run(const Case& c, DType dtype, GemmKernel kernel, bool exact_values, const Layout& l, uint32_t seed = 1) {
     SCOPED_TRACE(case_name(c) + " " + ops::gemm_kernel_name(kernel) + (dtype == DType::f16 ? " f16" : " f32") +
-                 " pads " + std::to_string(l.lda_pad) + "," + std::to_string(l.ldb_pad) + "," +
-                 std::to_string(l.ldc_pad) + " offsets " + std::to_string(l.a_offset) + "," +
+                 (l.a_f32 ? " A f32" : "") + " pads " + std::to_string(l.lda_pad) + "," + std::to_string(l.ldb_pad) +
+                 "," + std::to_string(l.ldc_pad) + " offsets " + std::to_string(l.a_offset) + "," +
                  std::to_string(l.b_offset) + " batch " + std::to_string(l.batch) + " stride pad " +
                  std::to_string(l.stride_pad));
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     std::uniform_int_distribution<int> pick(0, 3);
     const float exact[4] = {-0.5f, 0.0f, 0.5f, 1.0f};
+    auto round16 = [](float v) { return io::f16_to_float(io::float_to_f16(v)); };
     auto draw = [&] {
       float v = exact_values ? exact[pick(rng)] : uni(rng);
-      if (dtype == DType::f16) v = io::f16_to_float(io::float_to_f16(v));  // the value the GPU sees
+      if (dtype == DType::f16) v = round16(v);  // the value the GPU sees
       return v;
     };
     // Stored shapes with padded leading dimensions (ld > row length) to test strides.
@@ -75,7 +81,7 @@ class GemmTest : public GpuTest {
     const uint32_t c_pad = 8;  // sentinel rows before, between and after the batches of C
     const uint64_t c_stride = uint64_t(c.m + c_pad) * ldc;
     std::vector<float> a(l.a_offset + l.batch * a_stride), b(l.b_offset + l.batch * b_stride);
-    for (auto& v : a) v = draw();
+    for (auto& v : a) v = l.a_f32 ? (exact_values ? exact[pick(rng)] : uni(rng)) : draw();
     for (auto& v : b) v = draw();
     std::vector<float> cmat(size_t(c_pad) * ldc + l.batch * c_stride, kSentinel);
     auto c_at = [&](uint32_t bi, uint32_t i, uint32_t j) -> float& {
@@ -86,6 +92,8 @@ class GemmTest : public GpuTest {
         for (uint32_t j = 0; j < c.n; ++j) c_at(bi, i, j) = c.beta != 0 ? draw() : std::nanf("");
 
     std::vector<double> ad(a.begin(), a.end()), bd(b.begin(), b.end());
+    if (l.a_f32)
+      for (double& v : ad) v = round16(static_cast<float>(v));
     std::vector<double> cd(size_t(l.batch) * c.m * ldc, 0.0);  // batch bi at bi * m * ldc
     for (uint32_t bi = 0; bi < l.batch; ++bi) {
       double* cb = cd.data() + size_t(bi) * c.m * ldc;
@@ -95,9 +103,9 @@ class GemmTest : public GpuTest {
                    c.m, c.n, c.k, c.ta, c.tb, c.alpha, c.beta);
     }
 
-    auto upload_operand = [&](const std::vector<float>& v) {
-      gpu::Buffer buf = ctx().alloc(v.size() * ops::dtype_bytes(dtype) + 64);
-      if (dtype == DType::f32) {
+    auto upload_operand = [&](const std::vector<float>& v, DType dt) {
+      gpu::Buffer buf = ctx().alloc(v.size() * ops::dtype_bytes(dt) + 64);
+      if (dt == DType::f32) {
         ctx().upload(buf, v);
       } else {
         std::vector<uint16_t> h(v.size());
@@ -106,12 +114,13 @@ class GemmTest : public GpuTest {
       }
       return buf;
     };
-    gpu::Buffer ga = upload_operand(a), gb = upload_operand(b);
+    const DType a_dtype = l.a_f32 ? DType::f32 : dtype;
+    gpu::Buffer ga = upload_operand(a, a_dtype), gb = upload_operand(b, dtype);
     gpu::Buffer gc = ctx().alloc(cmat.size() * 4);
     ctx().upload(gc, cmat);
 
     ops::GemmShape shape{c.m, c.n, c.k, c.ta, c.tb, c.alpha, c.beta, l.batch, a_stride, b_stride, c_stride};
-    ops::gemm(ctx(), shape, {ga, dtype, l.a_offset, lda}, {gb, dtype, l.b_offset, ldb},
+    ops::gemm(ctx(), shape, {ga, a_dtype, l.a_offset, lda}, {gb, dtype, l.b_offset, ldb},
               {gc, DType::f32, uint64_t(c_pad) * ldc, ldc}, kernel);
     auto out = ctx().download<float>(gc, cmat.size());
     ctx().free(ga);
@@ -218,6 +227,26 @@ TEST_F(GemmTest, ScalarBatches) {
   run({17, 33, 65, false, true, 1.0f, 1.0f}, DType::f32, GemmKernel::scalar, false, legacy);
 }
 
+// Mixed operands (A fp32 rounded to fp16 on load, B fp16) on the scalar kernel: what mixed
+// precision runs on devices without cooperative matrices.
+TEST_F(GemmTest, ScalarMixedOperandsAllTransposes) {
+  for (const Case& c : awkward_cases()) run(c, DType::f16, GemmKernel::scalar, false, 1, true);
+  run({1000, 3, 777, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::scalar, false, 1, true);
+  run({130, 129, 300, false, false, 1.0f, 0.5f}, DType::f16, GemmKernel::scalar, false, 2, true);  // 128 tile
+  run({64, 64, 64, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::scalar, true, 1, true);
+}
+
+TEST_F(GemmTest, RejectsFp16AWithFp32B) {
+  gpu::Buffer buf = ctx().alloc(1024);
+  EXPECT_THROW(ops::gemm(ctx(), {4, 4, 4, false, true}, {buf, DType::f16, 0, 4}, {buf, DType::f32, 0, 4},
+                         {buf, DType::f32, 0, 4}),
+               std::logic_error);
+  EXPECT_THROW(ops::gemm(ctx(), {4, 4, 4, false, true}, {buf, DType::f32, 0, 4}, {buf, DType::f32, 0, 4},
+                         {buf, DType::f32, 0, 4}, GemmKernel::coopmat_emulated),
+               std::logic_error);
+  ctx().free(buf);
+}
+
 TEST_F(GemmTest, ZeroKScalesC) {
   run({9, 11, 0, false, true, 1.0f, 0.5f}, DType::f32, GemmKernel::scalar, true);
   run({8, 12, 0, false, true, 1.0f, 0.5f}, DType::f32, GemmKernel::scalar_t128, true, Layout::aligned());
@@ -240,6 +269,20 @@ TEST_F(GemmTest, CoopmatEmulatedBitExact) {
     }
 }
 
+// The same with an fp32 A rounded to fp16 while staged (the _af32 variant); random values
+// check the rounding against the CPU's round-to-nearest-even.
+TEST_F(GemmTest, CoopmatEmulatedMixedOperands) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      run({17, 33, 65, ta, tb, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat_emulated, true, 1, true);
+      run({70, 3, 40, ta, tb, 0.5f, 1.0f}, DType::f16, GemmKernel::coopmat_emulated, false, 1, true);
+    }
+  // vector loads of A (as training uses it: A [M, K] not transposed)
+  run({64, 72, 96, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat_emulated, false, 3, true);
+  run({64, 72, 96, false, false, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat_emulated, false, 3, true);
+  run({64, 72, 96, true, true, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat_emulated, true, 1, true);
+}
+
 // The real cooperative-matrix kernel, where the device has one (not lavapipe).
 TEST_F(GemmTest, CoopmatBitExactAndRandom) {
   if (ops::gemm_kernel_for(ctx(), DType::f16) != GemmKernel::coopmat)
@@ -250,6 +293,10 @@ TEST_F(GemmTest, CoopmatBitExactAndRandom) {
   run({256, 4096, 128, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat, true);
   run({512, 512, 4100, true, false, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat, true);
   run({2048, 1024, 256, false, false, 1.0f, 1.0f}, DType::f16, GemmKernel::coopmat, false);
+  // mixed operands (fp32 A)
+  for (const Case& c : awkward_cases()) run(c, DType::f16, GemmKernel::coopmat, false, 1, true);
+  run({256, 4096, 128, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat, false, 1, true);
+  run({2048, 1024, 256, false, false, 1.0f, 1.0f}, DType::f16, GemmKernel::coopmat, false, 1, true);
 }
 
 // Operands larger than maxStorageBufferRange are split into several dispatches. Only on

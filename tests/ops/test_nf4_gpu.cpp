@@ -16,6 +16,7 @@
 namespace forja::test {
 namespace {
 
+using ops::DType;
 using ops::GemmKernel;
 
 constexpr float kSentinel = -12345.0f;
@@ -95,19 +96,19 @@ class Nf4GpuTest : public GpuTest {
 
   // forward: y [m, rows] = alpha x [m, cols] W^T + beta y; else dx [m, cols] = alpha dy [m, rows] W + beta dx.
   void check_gemm(bool forward, uint32_t m, uint32_t rows, uint32_t cols, bool double_quant, float alpha, float beta,
-                  GemmKernel kernel, bool exact_values, uint32_t seed = 1) {
+                  GemmKernel kernel, DType operands, bool exact_values, uint32_t seed = 1) {
     SCOPED_TRACE(std::string(forward ? "x W^T" : "dy W") + " m " + std::to_string(m) + " W " + std::to_string(rows) +
                  "x" + std::to_string(cols) + (double_quant ? " dq" : "") + " alpha " + std::to_string(alpha) +
                  " beta " + std::to_string(beta) + " " + ops::gemm_kernel_name(kernel) +
-                 (exact_values ? " exact" : ""));
-    const bool half = kernel == GemmKernel::coopmat || kernel == GemmKernel::coopmat_emulated;
+                 (operands == DType::f16 ? " f16" : " f32") + (exact_values ? " exact" : ""));
+    const bool half = operands == DType::f16;
     const std::vector<float> w = exact_values ? ternary_weight(rows, cols, seed) : random_weight(rows, cols, seed);
     const model::Nf4Tensor t = model::nf4_quantize(w, {rows, cols}, {double_quant, 0});
     std::vector<float> wd = model::nf4_dequantize(t);
     if (exact_values) {
       for (size_t e = 0; e < w.size(); ++e) ASSERT_EQ(wd[e], w[e]);
     }
-    if (half)  // the coopmat kernel rounds W to fp16 on load
+    if (half)  // fp16 operands: W rounded to fp16 on load
       for (float& v : wd) v = io::f16_to_float(io::float_to_f16(v));
 
     const uint32_t k = forward ? cols : rows, n = forward ? rows : cols;
@@ -115,10 +116,9 @@ class Nf4GpuTest : public GpuTest {
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     std::uniform_int_distribution<int> pick(0, 3);
     const float exact[4] = {-0.5f, 0.0f, 0.5f, 1.0f};
-    auto draw = [&] {
-      const float v = exact_values ? exact[pick(rng)] : uni(rng);
-      return half ? io::f16_to_float(io::float_to_f16(v)) : v;
-    };
+    auto draw = [&] { return exact_values ? exact[pick(rng)] : uni(rng); };
+    // fp16 operands: the kernel rounds x (dy) as it loads it; the reference multiplies the rounded values
+    auto operand = [&](float v) { return half ? double(io::f16_to_float(io::float_to_f16(v))) : double(v); };
     std::vector<float> a(size_t(m) * k), c(size_t(m) * n);
     for (float& v : a) v = draw();
     for (float& v : c) v = beta != 0.0f ? draw() : std::nanf("");
@@ -129,7 +129,7 @@ class Nf4GpuTest : public GpuTest {
         double s = 0;
         for (uint32_t q = 0; q < k; ++q) {
           const double wv = forward ? wd[size_t(j) * cols + q] : wd[size_t(q) * cols + j];
-          s += double(a[size_t(i) * k + q]) * wv;
+          s += operand(a[size_t(i) * k + q]) * wv;
         }
         want[size_t(i) * n + j] = alpha * s + (beta != 0.0f ? beta * double(c[size_t(i) * n + j]) : 0.0);
       }
@@ -138,9 +138,9 @@ class Nf4GpuTest : public GpuTest {
     gpu::Buffer a_view, c_view;
     gpu::Buffer ga = padded(a, a_view), gc = padded(c, c_view);
     if (forward)
-      ops::nf4_gemm_xwt(ctx(), a_view, gw, c_view, m, alpha, beta, kernel);
+      ops::nf4_gemm_xwt(ctx(), a_view, gw, c_view, m, alpha, beta, operands, kernel);
     else
-      ops::nf4_gemm_dyw(ctx(), a_view, gw, c_view, m, alpha, beta, kernel);
+      ops::nf4_gemm_dyw(ctx(), a_view, gw, c_view, m, alpha, beta, operands, kernel);
     const std::vector<float> got = unpad(gc, c.size());
     ops::free_nf4(ctx(), gw);
     ctx().free(ga);
@@ -155,19 +155,19 @@ class Nf4GpuTest : public GpuTest {
     EXPECT_EQ(bad, 0u);
   }
 
-  void gemm_suite(GemmKernel kernel) {
+  void gemm_suite(GemmKernel kernel, DType operands) {
     for (bool forward : {true, false})
       for (bool dq : {false, true}) {
-        check_gemm(forward, 1, 96, 72, dq, 1.0f, 0.0f, kernel, false);
-        check_gemm(forward, 17, 96, 72, dq, 1.0f, 0.0f, kernel, false);
-        check_gemm(forward, 33, 7, 9, dq, -0.5f, 1.0f, kernel, false);  // numel 63: odd
-        check_gemm(forward, 70, 130, 200, dq, 2.0f, 0.5f, kernel, false);
-        check_gemm(forward, 5, 64, 1100, dq, 1.0f, 0.0f, kernel, false);  // > 256 blocks: 2 nested
+        check_gemm(forward, 1, 96, 72, dq, 1.0f, 0.0f, kernel, operands, false);
+        check_gemm(forward, 17, 96, 72, dq, 1.0f, 0.0f, kernel, operands, false);
+        check_gemm(forward, 33, 7, 9, dq, -0.5f, 1.0f, kernel, operands, false);  // numel 63: odd
+        check_gemm(forward, 70, 130, 200, dq, 2.0f, 0.5f, kernel, operands, false);
+        check_gemm(forward, 5, 64, 1100, dq, 1.0f, 0.0f, kernel, operands, false);  // > 256 blocks: 2 nested
       }
     for (bool forward : {true, false}) {
-      check_gemm(forward, 65, 96, 72, false, 1.0f, 0.0f, kernel, true);
-      check_gemm(forward, 3, 7, 9, false, 1.0f, 0.0f, kernel, true);
-      check_gemm(forward, 130, 128, 192, false, 0.5f, 1.0f, kernel, true);
+      check_gemm(forward, 65, 96, 72, false, 1.0f, 0.0f, kernel, operands, true);
+      check_gemm(forward, 3, 7, 9, false, 1.0f, 0.0f, kernel, operands, true);
+      check_gemm(forward, 130, 128, 192, false, 0.5f, 1.0f, kernel, operands, true);
     }
   }
 };
@@ -205,32 +205,55 @@ TEST_F(Nf4GpuTest, DequantizeSplitsOutputsLargerThanTheBindingLimit) {
   EXPECT_EQ(bad, 0u);
 }
 
-TEST_F(Nf4GpuTest, ScalarFusedGemms) { gemm_suite(GemmKernel::scalar); }
+TEST_F(Nf4GpuTest, ScalarFusedGemms) { gemm_suite(GemmKernel::scalar, DType::f32); }
 
-// Both scalar tiles whatever the automatic choice; the suite's shapes take both the 4-element
-// chunk loads (rows that are multiples of 4) and the element loads (7 x 9).
+// Mixed precision without cooperative matrices: the scalar kernel rounding x (dy) and W to fp16.
+TEST_F(Nf4GpuTest, ScalarFusedGemmsF16Operands) { gemm_suite(GemmKernel::scalar, DType::f16); }
+
+// fp32 operands mean fp32 arithmetic on every device: `automatic` must not pick a kernel that
+// rounds to fp16 (the reference precision's parity depends on it). Random values in [-1, 1]:
+// rounding them to fp16 would miss the fp32 tolerance by orders of magnitude.
+TEST_F(Nf4GpuTest, AutomaticWithF32OperandsIsExactFp32) {
+  EXPECT_EQ(ops::nf4_gemm_kernel_for(ctx(), DType::f32), GemmKernel::scalar);
+  for (bool forward : {true, false}) check_gemm(forward, 150, 130, 200, true, 1.0f, 0.0f, GemmKernel::automatic,
+                                                DType::f32, false);
+}
+
+// Both scalar tiles whatever the automatic choice, with fp32 and fp16-rounded operands; the
+// suite's shapes take both the 4-element chunk loads (rows that are multiples of 4) and the
+// element loads (7 x 9).
 TEST_F(Nf4GpuTest, ScalarFusedGemmsEachTile) {
-  gemm_suite(GemmKernel::scalar_t64);
-  gemm_suite(GemmKernel::scalar_t128);
+  for (GemmKernel kernel : {GemmKernel::scalar_t64, GemmKernel::scalar_t128})
+    for (DType operands : {DType::f32, DType::f16}) gemm_suite(kernel, operands);
 }
 
 TEST_F(Nf4GpuTest, ScalarFusedGemmsLargeK) {
-  check_gemm(true, 40, 64, 2560, true, 1.0f, 0.0f, GemmKernel::scalar, false);
-  check_gemm(false, 40, 2560, 64, true, 1.0f, 0.0f, GemmKernel::scalar, false);
+  check_gemm(true, 40, 64, 2560, true, 1.0f, 0.0f, GemmKernel::scalar, DType::f32, false);
+  check_gemm(false, 40, 2560, 64, true, 1.0f, 0.0f, GemmKernel::scalar, DType::f32, false);
 }
 
 // The cooperative-matrix kernel's tiling, addressing and NF4 decoding, with the matrix
 // operations emulated by scalar code (runs on any device, lavapipe included).
-TEST_F(Nf4GpuTest, CoopmatEmulatedFusedGemms) { gemm_suite(GemmKernel::coopmat_emulated); }
+TEST_F(Nf4GpuTest, CoopmatEmulatedFusedGemms) { gemm_suite(GemmKernel::coopmat_emulated, DType::f16); }
+
+TEST_F(Nf4GpuTest, CoopmatKernelsRejectF32Operands) {
+  gpu::Buffer buf = ctx().alloc(4096);
+  const std::vector<float> w = random_weight(8, 64, 1);
+  ops::Nf4Weight gw = ops::upload_nf4(ctx(), model::nf4_quantize(w, {8, 64}, {false, 0}));
+  EXPECT_THROW(ops::nf4_gemm_xwt(ctx(), buf, gw, buf, 1, 1.0f, 0.0f, DType::f32, GemmKernel::coopmat_emulated),
+               std::logic_error);
+  ops::free_nf4(ctx(), gw);
+  ctx().free(buf);
+}
 
 // The real cooperative-matrix kernel, where the device has one (not lavapipe).
 TEST_F(Nf4GpuTest, CoopmatFusedGemms) {
-  if (ops::nf4_gemm_kernel_for(ctx()) != GemmKernel::coopmat)
+  if (ops::nf4_gemm_kernel_for(ctx(), DType::f16) != GemmKernel::coopmat)
     GTEST_SKIP() << "no NV cooperative matrix 16x16x16 f16->f32 on " << ctx().info().name;
-  gemm_suite(GemmKernel::coopmat);
+  gemm_suite(GemmKernel::coopmat, DType::f16);
   for (bool forward : {true, false}) {  // 128 x 128 tiles
-    check_gemm(forward, 2048, 1024, 2560, true, 1.0f, 0.0f, GemmKernel::coopmat, false);
-    check_gemm(forward, 1000, 2048, 1024, false, 1.0f, 0.0f, GemmKernel::coopmat, true);
+    check_gemm(forward, 2048, 1024, 2560, true, 1.0f, 0.0f, GemmKernel::coopmat, DType::f16, false);
+    check_gemm(forward, 1000, 2048, 1024, false, 1.0f, 0.0f, GemmKernel::coopmat, DType::f16, true);
   }
 }
 
@@ -241,8 +264,8 @@ TEST_F(Nf4GpuTest, FusedGemmsSplitRowsOverTheBindingLimit) {
   if (range > (256ull << 20)) GTEST_SKIP() << "binding limit " << range << " too large to exceed cheaply";
   // The outputs [m, 64] exceed the range; K = 8 keeps the product cheap on lavapipe.
   const uint32_t m = static_cast<uint32_t>(range / (64 * 4) + 1000);
-  check_gemm(true, m, 64, 8, false, 1.0f, 0.0f, GemmKernel::scalar, true);
-  check_gemm(false, m, 8, 64, true, 1.0f, 0.5f, GemmKernel::scalar, false);
+  check_gemm(true, m, 64, 8, false, 1.0f, 0.0f, GemmKernel::scalar, DType::f32, true);
+  check_gemm(false, m, 8, 64, true, 1.0f, 0.5f, GemmKernel::scalar, DType::f32, false);
 }
 
 TEST_F(Nf4GpuTest, RejectsPackedWeightsOverTheBindingLimit) {

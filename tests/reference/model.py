@@ -507,6 +507,62 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
+# forja's counter-based LoRA dropout masks (src/ops/dropout.h, src/kernels/dropout.comp),
+# re-implemented here so that a parity run can apply exactly forja's masks.
+# ---------------------------------------------------------------------------------------------
+
+_M64 = (1 << 64) - 1
+_M32 = (1 << 32) - 1
+
+
+def dropout_mix64(z: int) -> int:
+    """splitmix64's output function of z + golden gamma (Python ints, mod 2^64)."""
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def dropout_stream(seed: int, step: int, micro_batch: int) -> int:
+    return dropout_mix64(dropout_mix64(dropout_mix64(seed & _M64) ^ step) ^ micro_batch)
+
+
+def dropout_key(stream: int, layer: int, target: str) -> int:
+    return dropout_mix64(stream ^ dropout_mix64(layer * 8 + TARGETS.index(target)))
+
+
+def _mul32(v: torch.Tensor, c: int) -> torch.Tensor:
+    """v * c mod 2^32 for int64 v in [0, 2^32): split c in 16-bit halves so no product overflows."""
+    return (v * (c & 0xFFFF) + (((v * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(v: torch.Tensor) -> torch.Tensor:
+    """Chris Wellons' lowbias32 on int64 tensors holding uint32 values."""
+    v = v ^ (v >> 16)
+    v = _mul32(v, 0x7FEB352D)
+    v = v ^ (v >> 15)
+    v = _mul32(v, 0x846CA68B)
+    return v ^ (v >> 16)
+
+
+def dropout_keep(key: int, rows: int, cols: int, p: float) -> torch.Tensor:
+    """bool [rows, cols]: keep(row, col) = mix(mix(mix(col ^ key_hi) ^ row) ^ key_lo) >= floor(p 2^32)."""
+    lo, hi = key & _M32, key >> 32
+    row = torch.arange(rows, dtype=torch.int64)[:, None]
+    col = torch.arange(cols, dtype=torch.int64)[None, :]
+    h = _mix32(_mix32(_mix32(col ^ hi) ^ row) ^ lo)
+    return h >= math.floor(p * 4294967296.0)
+
+
+class HashDropout:
+    """Pass as `drop_gen` to apply forja's masks for one micro-batch: stream =
+    dropout_stream(seed, step, micro_batch); None = no dropout (forja's forward-only runs)."""
+
+    def __init__(self, stream: Optional[int]):
+        self.stream = stream
+
+
+# ---------------------------------------------------------------------------------------------
 # Forward
 # ---------------------------------------------------------------------------------------------
 
@@ -521,9 +577,15 @@ def linear(x, model: BaseModel, layer: int, target: str, lora: Optional[LoRA], d
     if lora is not None and (layer, target) in lora.A:
         A, B = lora.A[(layer, target)], lora.B[(layer, target)]
         xd = x.to(A.dtype)
-        if lora.dropout > 0:
+        if lora.dropout > 0 and isinstance(drop_gen, HashDropout):
+            # forja's masks: rows are the micro-batch's tokens (b * S + s), columns the features
+            if drop_gen.stream is not None:
+                rows = xd.numel() // xd.shape[-1]
+                keep = dropout_keep(dropout_key(drop_gen.stream, layer, target), rows, xd.shape[-1], lora.dropout)
+                xd = xd * keep.view(xd.shape).to(xd.dtype) / (1.0 - lora.dropout)
+        elif lora.dropout > 0:
             # nn.Dropout semantics: zero with prob p, scale the rest by 1/(1-p). Needs its own
-            # generator so runs are reproducible; parity runs use p = 0.
+            # generator so runs are reproducible.
             keep = torch.rand(xd.shape, generator=drop_gen, dtype=torch.float64) >= lora.dropout
             xd = xd * keep.to(xd.dtype) / (1.0 - lora.dropout)
         y = y + (lora.scale * ((xd @ A.t()) @ B.t())).to(y.dtype)

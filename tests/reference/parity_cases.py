@@ -13,7 +13,8 @@ Each case is a directory  OUT/<case>/  holding
 The cases together cover every family, tied and untied heads, F32 and BF16 files, Qwen2 biases,
 llama3 RoPE scaling with all three frequency bands, Llama attention biases, GQA with n_rep > 1
 and several KV heads, packing with padding, accumulation over micro-batches, rsLoRA, a subset of
-targets, each schedule with warm-up, weight decay and active clipping.
+targets, each schedule with warm-up, weight decay and active clipping, and LoRA dropout with
+forja's counter-based masks (qwen3-dropout).
 """
 
 import argparse
@@ -54,6 +55,13 @@ CASES = {
         ["--family", "mistral", "--seed", "5", "--kv-heads", "3", "--vocab", "89"],
         dict(micro_batches=1, batch_size=3, seq_len=10, seed=5),
         ["--schedule", "linear", "--targets", "q,v,down", "--lora-rank", "6", "--lora-alpha", "12"],
+    ),
+    # LoRA dropout with forja's hash masks (a new mask per step and micro-batch)
+    "qwen3-dropout": (
+        ["--family", "qwen3", "--seed", "6", "--intermediate", "88"],
+        dict(micro_batches=2, batch_size=2, seq_len=12, seed=6),
+        ["--schedule", "linear", "--warmup", "1", "--grad-accum", "2", "--lora-dropout", "0.1",
+         "--dropout-rng", "hash", "--seed", "7"],
     ),
 }
 

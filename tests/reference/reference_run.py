@@ -69,7 +69,11 @@ def parse_args(argv=None):
     ap.add_argument("--lora-rank", type=int, default=None, help="default 8 (ignored values must match an --adapter)")
     ap.add_argument("--lora-alpha", type=float, default=None, help="default 16")
     ap.add_argument("--rslora", action="store_true", help="scale alpha/sqrt(r) instead of alpha/r")
-    ap.add_argument("--lora-dropout", type=float, default=0.0, help="parity runs must keep 0")
+    ap.add_argument("--lora-dropout", type=float, default=0.0,
+                    help="parity runs with p > 0 need --dropout-rng hash")
+    ap.add_argument("--dropout-rng", choices=["torch", "hash"], default="torch",
+                    help="torch: torch.rand masks from seed + 1; hash: forja's masks, stream (seed, step, "
+                         "micro-batch j of the step), and no dropout in the logits forward")
     ap.add_argument("--targets", default=None, help="comma list of q,k,v,o,gate,up,down (default all)")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float64", help="compute dtype")
     ap.add_argument("--seed", type=int, default=0, help="seed of the LoRA init (with --adapter none) and dropout")
@@ -142,12 +146,13 @@ def run(a):
         return [(s * G + j) % len(mbs) for j in range(G)]
 
     drop_gen = torch.Generator().manual_seed(a.seed + 1)
+    hash_rng = a.dropout_rng == "hash"
 
     # Forward parity: fp32 logits of the first micro-batch with the initial adapter.
     with torch.no_grad():
         mb0 = mbs[0]
         logits = M.forward(model, mb0["input_ids"], mb0.get("position_ids"), mb0.get("segment_ids"), lora,
-                           torch.Generator().manual_seed(a.seed + 1))
+                           M.HashDropout(None) if hash_rng else torch.Generator().manual_seed(a.seed + 1))
     st.save_file({"logits": logits.float()}, os.path.join(a.out, "logits.safetensors"), dtype="F32")
 
     params = lora.parameters()
@@ -162,8 +167,9 @@ def run(a):
             p.grad = None
         total = 0.0
         parts = []
-        for mb in batch:  # true accumulation: one backward per micro-batch, grads add up
-            logits = M.forward(model, mb["input_ids"], mb.get("position_ids"), mb.get("segment_ids"), lora, drop_gen)
+        for j, mb in enumerate(batch):  # true accumulation: one backward per micro-batch, grads add up
+            gen = M.HashDropout(M.dropout_stream(a.seed, s, j)) if hash_rng else drop_gen
+            logits = M.forward(model, mb["input_ids"], mb.get("position_ids"), mb.get("segment_ids"), lora, gen)
             l = M.loss_sum(logits, mb["labels"]) / num_items
             l.backward()
             parts.append(float(l.detach()))
@@ -200,7 +206,8 @@ def run(a):
         "max_grad_norm": a.max_grad_norm, "schedule": a.schedule, "warmup": a.warmup, "grad_accum": G,
         "num_micro_batches": len(mbs), "num_items_mode": a.num_items,
         "lora_rank": lora.rank, "lora_alpha": lora.alpha, "use_rslora": lora.use_rslora, "lora_scale": lora.scale,
-        "lora_dropout": lora.dropout, "targets": lora.targets, "seed": a.seed, "b_std": a.b_std,
+        "lora_dropout": lora.dropout, "dropout_rng": a.dropout_rng, "targets": lora.targets, "seed": a.seed,
+        "b_std": a.b_std,
     })
     msg = f"step0 loss {losses[0] if losses else total:.8f}"
     if losses:

@@ -556,6 +556,45 @@ def test_lora_scale_and_targets():
         raise AssertionError("LoRA dropout not deterministic or not applied")
 
 
+def test_hash_dropout_masks():
+    # forja's masks (src/ops/dropout.h, src/kernels/dropout.comp): splitmix64 known answer, the
+    # torch int64 hash against plain Python integers, keep rate, one mask per (layer, target).
+    if M.dropout_mix64(0) != 0xE220A8397B1DCDAF:
+        raise AssertionError("dropout_mix64 is not splitmix64")
+
+    def mix32(v):
+        v ^= v >> 16
+        v = (v * 0x7FEB352D) & 0xFFFFFFFF
+        v ^= v >> 15
+        v = (v * 0x846CA68B) & 0xFFFFFFFF
+        return v ^ (v >> 16)
+
+    key = M.dropout_key(M.dropout_stream(7, 3, 1), 2, "down")
+    keep = M.dropout_keep(key, 23, 101, 0.37)
+    th = math.floor(0.37 * 2 ** 32)
+    for r in range(23):
+        for c in range(101):
+            if bool(keep[r, c]) != (mix32(mix32(mix32(c ^ (key >> 32)) ^ r) ^ (key & 0xFFFFFFFF)) >= th):
+                raise AssertionError(f"dropout_keep differs from the integer hash at ({r}, {c})")
+    big = M.dropout_keep(key, 400, 500, 0.1).double().mean().item()
+    if abs(big - 0.9) > 5 * math.sqrt(0.09 / 200000):
+        raise AssertionError(f"keep rate {big} is not 0.9")
+    s = M.dropout_stream(1, 0, 0)
+    if M.dropout_key(s, 0, "q") == M.dropout_key(s, 0, "k") or s == M.dropout_stream(1, 0, 1):
+        raise AssertionError("dropout keys collide")
+    # In a forward: HashDropout(None) is no dropout, a stream is deterministic and applied.
+    model, _ = tiny("qwen3")
+    ids = torch.tensor([[7, 8, 9, 10, 11]])
+    l = lora_for(model)
+    plain = M.forward(model, ids, lora=l)
+    l.dropout = 0.5
+    a = M.forward(model, ids, lora=l, drop_gen=M.HashDropout(s))
+    b = M.forward(model, ids, lora=l, drop_gen=M.HashDropout(s))
+    off = M.forward(model, ids, lora=l, drop_gen=M.HashDropout(None))
+    if not torch.equal(a, b) or not torch.equal(off, plain) or rel(a, plain) < 1e-9:
+        raise AssertionError("hash dropout not deterministic, not applied, or applied with stream None")
+
+
 # ---------------------------------------------------------------------------------------------
 # safetensors
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 // The training engine against the independent PyTorch reference (tests/reference): for small
 // random Qwen3 / Qwen2 / Llama / Mistral models in the Hugging Face layout, forja's loss and
 // every LoRA gradient of the first step, and the losses of 20 AdamW steps, must match the
-// reference's float64 results to 1e-4 relative (fp32 engine, dense base weights).
+// reference's float64 results to 1e-4 relative (fp32 engine, dense base weights). qwen3-dropout
+// trains with LoRA dropout p = 0.1, the reference applying forja's hash masks.
 //
 // The cases (models, batches and reference outputs) are made at test time by
 // tests/reference/parity_cases.py with Debian's python3-torch (train/parity_support.h).
@@ -27,7 +28,7 @@ class Parity : public GpuTest, public ::testing::WithParamInterface<std::tuple<s
 
 TEST_P(Parity, LossGradientsAndTwentyStepsMatchPyTorch) {
   const auto& [name, checkpointing] = GetParam();
-  const fs::path dir = parity_cases_dir() / name;
+  const fs::path dir = parity_case_dir(name);
 
   const model::ModelConfig config = model::load_model_config(dir / "model");
   const io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(dir / "model");
@@ -61,13 +62,15 @@ std::string case_name(const ::testing::TestParamInfo<std::tuple<std::string, boo
 
 INSTANTIATE_TEST_SUITE_P(Cases, Parity,
                          ::testing::Combine(::testing::Values("qwen3-tied", "qwen3-gqa-bf16", "qwen2-packed",
-                                                              "llama3-rope-bias", "mistral-subset"),
+                                                              "llama3-rope-bias", "mistral-subset",
+                                                              "qwen3-dropout"),
                                             ::testing::Values(false)),
                          case_name);
 // Activation checkpointing recomputes each layer's forward inside the backward: same numbers.
 INSTANTIATE_TEST_SUITE_P(Checkpointing, Parity,
                          ::testing::Values(std::make_tuple(std::string("qwen3-gqa-bf16"), true),
-                                           std::make_tuple(std::string("qwen2-packed"), true)),
+                                           std::make_tuple(std::string("qwen2-packed"), true),
+                                           std::make_tuple(std::string("qwen3-dropout"), true)),
                          case_name);
 
 }  // namespace

@@ -1,0 +1,49 @@
+// A model directory made ready for the GPU: config.json, the safetensors weights uploaded as the
+// frozen base (NF4 or dense) and the tokenizer, with user-facing errors (UserError naming the
+// path and the fix) for anything missing or inconsistent. Shared by generate, eval and train.
+//
+//   auto ctx = gpu::Context::create(device);
+//   model::LoadedModel m(*ctx, "Qwen3-0.6B", {.quant = model::BaseQuant::nf4});
+//   m.config, m.base (BaseWeights on the GPU), m.tokenizer (data::Tokenizer)
+//   auto lora = model::load_adapter(*ctx, m.config, "out/adapter");   // PEFT dir -> LoraSet
+#pragma once
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "data/tokenizer.h"
+#include "gpu/context.h"
+#include "model/base_weights.h"
+#include "model/config.h"
+#include "model/lora.h"
+
+namespace forja::model {
+
+struct ModelLoadOptions {
+  BaseQuant quant = BaseQuant::nf4;
+  bool tokenizer = true;  // false: skip tokenizer.json (the caller needs no text)
+};
+
+class LoadedModel {
+ public:
+  // Reads DIR/config.json and the tokenizer first (cheap checks), then uploads the weights.
+  LoadedModel(gpu::Context& ctx, const std::filesystem::path& dir, const ModelLoadOptions& options = {});
+  ~LoadedModel();  // frees the weights on the GPU
+  LoadedModel(const LoadedModel&) = delete;
+  LoadedModel& operator=(const LoadedModel&) = delete;
+
+  std::filesystem::path dir;
+  ModelConfig config;
+  std::optional<data::Tokenizer> tokenizer;
+  BaseWeights base;
+
+ private:
+  gpu::Context& ctx_;
+};
+
+// Reads a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors), checks
+// every factor against the model's projection shapes (UserError otherwise) and uploads it.
+std::unique_ptr<LoraSet> load_adapter(gpu::Context& ctx, const ModelConfig& config,
+                                      const std::filesystem::path& adapter_dir);
+
+}  // namespace forja::model

@@ -1,0 +1,166 @@
+#include "train/checkpoint.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "io/atomic_file.h"
+#include "io/json_file.h"
+#include "io/safetensors.h"
+#include "util/error.h"
+
+namespace forja::train {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr const char* kStateFile = "trainer_state.json";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+
+// checkpoint-N -> N, or -1 for anything else
+int64_t checkpoint_step(const fs::path& p) {
+  const std::string name = p.filename().string();
+  const std::string prefix = "checkpoint-";
+  if (!name.starts_with(prefix) || name.size() == prefix.size()) return -1;
+  int64_t n = 0;
+  for (char c : name.substr(prefix.size())) {
+    if (c < '0' || c > '9') return -1;
+    n = n * 10 + (c - '0');
+  }
+  return n;
+}
+
+json state_to_json(const TrainerState& s) {
+  return json{{"step", s.step},
+              {"total_steps", s.total_steps},
+              {"epoch", s.epoch},
+              {"batch_in_epoch", s.batch_in_epoch},
+              {"tokens", s.tokens},
+              {"elapsed_s", s.elapsed_s},
+              {"skipped_nonfinite", s.skipped_nonfinite},
+              {"seed", s.seed},
+              {"last_loss", s.last_loss},
+              {"format", "forja-trainer-state-1"}};
+}
+
+}  // namespace
+
+void maybe_kill_for_test(int64_t step) {
+  const char* v = std::getenv("FORJA_TEST_KILL_IN_CHECKPOINT");
+  if (v && std::atoll(v) == step) ::kill(::getpid(), SIGKILL);
+}
+
+fs::path save_checkpoint(const fs::path& out_dir, const Checkpoint& c, const io::LoraTargetShapes& shapes,
+                         const std::string& config_yaml) {
+  const std::string name = "checkpoint-" + std::to_string(c.state.step);
+  const fs::path final_dir = out_dir / name;
+  const fs::path partial = out_dir / ("." + name + ".partial");
+  std::error_code ec;
+  fs::remove_all(partial, ec);
+  fs::create_directories(partial, ec);
+  if (ec) throw UserError(partial.string() + ": cannot create the checkpoint directory (" + ec.message() + ")");
+
+  io::save_adapter(partial, c.adapter, shapes);
+  {
+    std::vector<io::TensorToWrite> t(2);
+    t[0].name = "adam_m";
+    t[1].name = "adam_v";
+    t[0].shape = {int64_t(c.adam_m.size())};
+    t[1].shape = {int64_t(c.adam_v.size())};
+    t[0].data = std::as_bytes(std::span(c.adam_m));
+    t[1].data = std::as_bytes(std::span(c.adam_v));
+    io::write_safetensors(partial / kOptimizerFile, std::move(t), {{"format", "forja-adamw"}});
+  }
+  maybe_kill_for_test(c.state.step);
+  io::write_file_atomic(partial / "config.yaml", config_yaml);
+  io::write_file_atomic(partial / kStateFile, state_to_json(c.state).dump(2) + "\n");
+  io::sync_directory(partial);
+
+  // A checkpoint of the same step may exist (a resumed run saving again at the step it resumed
+  // from): move it aside first, and delete it only once the new one is in place.
+  const fs::path old = out_dir / ("." + name + ".old");
+  const bool had_old = fs::exists(final_dir);
+  if (had_old) {
+    fs::remove_all(old, ec);
+    fs::rename(final_dir, old, ec);
+    if (ec) throw UserError(final_dir.string() + ": cannot replace the checkpoint (" + ec.message() + ")");
+  }
+  fs::rename(partial, final_dir, ec);
+  if (ec) throw UserError(final_dir.string() + ": cannot move the checkpoint into place (" + ec.message() + ")");
+  io::sync_directory(out_dir);
+  if (had_old) fs::remove_all(old, ec);
+  return final_dir;
+}
+
+Checkpoint load_checkpoint(const fs::path& dir, const io::LoraTargetShapes& shapes) {
+  Checkpoint c;
+  const json s = io::read_json_file(dir / kStateFile);
+  const std::string where = (dir / kStateFile).string();
+  try {
+    if (s.value("format", "") != "forja-trainer-state-1")
+      throw UserError(where + ": not a forja trainer state (format field missing or unknown)");
+    c.state.step = s.at("step").get<int64_t>();
+    c.state.total_steps = s.at("total_steps").get<int64_t>();
+    c.state.epoch = s.at("epoch").get<int64_t>();
+    c.state.batch_in_epoch = s.at("batch_in_epoch").get<int64_t>();
+    c.state.tokens = s.at("tokens").get<int64_t>();
+    c.state.elapsed_s = s.at("elapsed_s").get<double>();
+    c.state.skipped_nonfinite = s.at("skipped_nonfinite").get<int64_t>();
+    c.state.seed = s.at("seed").get<uint64_t>();
+    c.state.last_loss = s.value("last_loss", 0.0);
+  } catch (const json::exception& e) {
+    throw UserError(where + ": damaged trainer state (" + e.what() + "); resume from an earlier checkpoint");
+  }
+  c.adapter = io::load_adapter(dir, shapes);
+  const auto opt = io::SafetensorsFile::open(dir / kOptimizerFile);
+  c.adam_m = opt.tensor("adam_m").to_float();
+  c.adam_v = opt.tensor("adam_v").to_float();
+  if (c.adam_m.size() != c.adam_v.size())
+    throw UserError((dir / kOptimizerFile).string() + ": adam_m and adam_v differ in size; the checkpoint is damaged");
+  return c;
+}
+
+std::vector<fs::path> list_checkpoints(const fs::path& out_dir) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  if (!fs::is_directory(out_dir, ec)) return {};
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    const int64_t n = checkpoint_step(e.path());
+    if (n >= 0 && e.is_directory()) found.emplace_back(n, e.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& f : found) out.push_back(f.second);
+  return out;
+}
+
+void prune_checkpoints(const fs::path& out_dir, int64_t keep) {
+  if (keep <= 0) return;
+  const auto all = list_checkpoints(out_dir);
+  std::error_code ec;
+  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
+}
+
+void remove_partial_checkpoints(const fs::path& out_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(out_dir, ec)) return;
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with(".checkpoint-") && (n.ends_with(".partial") || n.ends_with(".old"))) fs::remove_all(e.path(), ec);
+  }
+}
+
+fs::path resolve_resume(const fs::path& path) {
+  if (!fs::is_directory(path)) throw UserError(path.string() + ": no such directory (--resume)");
+  if (fs::exists(path / kStateFile)) return path;
+  const auto all = list_checkpoints(path);
+  if (all.empty())
+    throw UserError(path.string() + ": holds no checkpoint-N directory to resume from; give a checkpoint or a run directory");
+  return all.back();
+}
+
+}  // namespace forja::train

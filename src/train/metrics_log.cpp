@@ -1,0 +1,39 @@
+#include "train/metrics_log.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "io/atomic_file.h"
+#include "util/error.h"
+
+namespace forja::train {
+
+MetricsLog::MetricsLog(const std::filesystem::path& path, int64_t resume_step) : path_(path) {
+  if (std::filesystem::exists(path)) {
+    std::ifstream in(path);
+    std::string line, kept;
+    while (std::getline(in, line)) {
+      // a torn last line (killed mid-write) does not parse: drop it
+      const auto row = nlohmann::json::parse(line, nullptr, false);
+      if (row.is_discarded() || !row.is_object() || !row.contains("step")) continue;
+      if (row["step"].is_number_integer() && row["step"].get<int64_t>() <= resume_step) kept += line + "\n";
+    }
+    io::write_file_atomic(path, kept);
+  }
+  f_ = std::fopen(path.c_str(), "a");
+  if (!f_) throw UserError(path.string() + ": cannot open for writing");
+}
+
+MetricsLog::~MetricsLog() {
+  if (f_) std::fclose(f_);
+}
+
+void MetricsLog::append(const nlohmann::json& row) {
+  const std::string line = row.dump() + "\n";
+  std::fwrite(line.data(), 1, line.size(), f_);
+  std::fflush(f_);
+}
+
+}  // namespace forja::train

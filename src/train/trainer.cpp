@@ -1,0 +1,513 @@
+#include "train/trainer.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "gpu/context.h"
+#include "gpu/vk_check.h"
+#include "io/adapter.h"
+#include "io/atomic_file.h"
+#include "io/safetensors.h"
+#include "model/base_weights.h"
+#include "model/config.h"
+#include "model/lora.h"
+#include "model/memory_plan.h"
+#include "model/precision.h"
+#include "model/transformer.h"
+#include "train/checkpoint.h"
+#include "train/metrics_log.h"
+#include "train/optimizer.h"
+#include "train/schedule.h"
+#include "train/token_batch.h"
+#include "util/error.h"
+
+namespace forja::train {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+volatile sig_atomic_t g_stop_requested = 0;
+
+void on_stop_signal(int) {
+  if (g_stop_requested) _exit(130);  // second signal: at once (checkpoints on disk are whole)
+  g_stop_requested = 1;
+}
+
+struct SignalGuard {
+  struct sigaction old_int{}, old_term{};
+  SignalGuard() {
+    g_stop_requested = 0;
+    struct sigaction sa{};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~SignalGuard() {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
+};
+
+std::string gib(uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(1ull << 30));
+  return buf;
+}
+
+std::string duration(double s) {
+  char buf[32];
+  const int64_t t = int64_t(s + 0.5);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", (long long)(t / 3600), (long long)(t / 60 % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
+  return buf;
+}
+
+// Files a run writes into OUT (what --overwrite may remove, and what marks OUT as a run).
+bool is_run_file(const fs::path& p) {
+  const std::string n = p.filename().string();
+  return n == "config.yaml" || n == "metrics.jsonl" || n == "adapter_model.safetensors" ||
+         n == "adapter_config.json" || n.starts_with("checkpoint-") || n.starts_with(".checkpoint-") ||
+         n.starts_with(".adapter_") || n.starts_with(".metrics.jsonl") || n.starts_with(".config.yaml");
+}
+
+// Inputs that must exist, checked before anything is written.
+void check_input_paths(const RunConfig& c) {
+  if (!fs::is_directory(c.model)) throw UserError(c.model.string() + ": no such model directory (--model)");
+  if (!fs::is_regular_file(c.data)) throw UserError(c.data.string() + ": no such data file (--data)");
+  if (!c.eval_data.empty() && !fs::is_regular_file(c.eval_data))
+    throw UserError(c.eval_data.string() + ": no such evaluation data file (--eval-data)");
+  if (!c.init_adapter.empty() && !fs::is_regular_file(c.init_adapter / "adapter_config.json"))
+    throw UserError(c.init_adapter.string() + ": no adapter_config.json there (--init-adapter wants a PEFT adapter directory)");
+}
+
+// Makes OUT ready for a fresh run: refuses one that holds another run unless --overwrite.
+void prepare_fresh_out(const RunConfig& c) {
+  std::error_code ec;
+  if (fs::exists(c.out) && !fs::is_directory(c.out))
+    throw UserError(c.out.string() + ": exists and is not a directory; choose another --out");
+  fs::create_directories(c.out, ec);
+  if (ec) throw UserError(c.out.string() + ": cannot create the run directory (" + ec.message() + ")");
+  std::vector<fs::path> previous;
+  for (const auto& e : fs::directory_iterator(c.out))
+    if (is_run_file(e.path())) previous.push_back(e.path());
+  if (previous.empty()) return;
+  if (!c.overwrite)
+    throw UserError(c.out.string() + ": holds another run (" + previous.front().filename().string() +
+                    "); continue it with --resume " + c.out.string() + ", replace it with --overwrite, or choose another --out");
+  for (const auto& p : previous) fs::remove_all(p, ec);
+}
+
+// The stream of micro-batches over epochs (see trainer.h).
+class BatchStream {
+ public:
+  BatchStream(const data::Dataset& d, int32_t batch) : d_(d), batch_(batch) {}
+  void seek(int64_t epoch, int64_t index) {
+    epoch_ = epoch;
+    index_ = index;
+  }
+  data::Batch next() {
+    while (index_ >= d_.num_batches(epoch_, batch_)) {
+      ++epoch_;
+      index_ = 0;
+    }
+    return d_.batch(epoch_, index_++, batch_);
+  }
+  // Position of the next micro-batch (normalised to the next epoch when this one is done).
+  std::pair<int64_t, int64_t> position() {
+    if (index_ >= d_.num_batches(epoch_, batch_)) return {epoch_ + 1, 0};
+    return {epoch_, index_};
+  }
+  double fractional_epoch() {
+    auto [e, i] = position();
+    return double(e) + double(i) / double(std::max<int64_t>(1, d_.num_batches(e, batch_)));
+  }
+
+ private:
+  const data::Dataset& d_;
+  int32_t batch_;
+  int64_t epoch_ = 0, index_ = 0;
+};
+
+model::LoraSettings lora_settings_of(const RunConfig& c) {
+  model::LoraSettings s;
+  s.rank = c.lora_rank;
+  s.alpha = c.lora_alpha;
+  s.dropout = c.lora_dropout;
+  s.rslora = c.rslora;
+  s.targets.fill(false);
+  for (const auto& t : c.lora_targets)
+    for (model::LinearKind k : model::kAllLinears)
+      if (t == model::linear_name(k)) s.targets[size_t(k)] = true;
+  return s;
+}
+
+std::string targets_text(const model::LoraSettings& s) {
+  std::string out;
+  for (model::LinearKind k : model::kAllLinears)
+    if (s.targets[size_t(k)]) out += (out.empty() ? "" : ",") + std::string(model::linear_name(k));
+  return out;
+}
+
+class Run {
+ public:
+  explicit Run(const RunConfig& c) : c_(c) {}
+  int execute();
+
+ private:
+  void load();
+  double evaluate();
+  void save(bool final_adapter);
+  void log_step(double loss, double grad_norm, double lr);
+
+  RunConfig c_;
+  std::unique_ptr<gpu::Context> ctx_;
+  model::ModelConfig mc_;
+  std::optional<data::Tokenizer> tokenizer_;
+  std::optional<data::Dataset::Split> data_;
+  std::optional<model::BaseWeights> base_;
+  std::unique_ptr<model::LoraSet> lora_;
+  std::unique_ptr<model::Transformer> tf_;
+  std::unique_ptr<AdamW> adamw_;
+  std::unique_ptr<MetricsLog> metrics_;
+  std::optional<BatchStream> stream_;
+  gpu::Buffer loss_sum_;
+  io::LoraTargetShapes shapes_;
+  TrainerState st_;
+  std::string config_yaml_;
+  bool tty_ = false;
+  int64_t last_saved_step_ = -1, last_eval_step_ = -1;
+  // for tokens/s over the last logging interval
+  Clock::time_point interval_start_;
+  int64_t interval_tokens_ = 0;
+  double elapsed_before_ = 0;
+  int64_t steps_at_start_ = 0;  // training time of earlier sessions (resume)
+  Clock::time_point session_start_;
+};
+
+void Run::load() {
+  mc_ = model::load_model_config(c_.model);
+  shapes_ = model::lora_target_shapes(mc_);
+  tokenizer_.emplace(data::Tokenizer::load(c_.model));
+
+  // Data first: its errors (bad lines) are the most likely and cost nothing on the GPU.
+  data::DatasetOptions dopt;
+  dopt.seq_len = int32_t(c_.seq_len);
+  dopt.train_on_inputs = c_.train_on_inputs;
+  if (c_.packing != Toggle::automatic) dopt.packing = c_.packing == Toggle::on;
+  dopt.seed = c_.seed;
+  dopt.shuffle = !c_.no_shuffle;
+  dopt.eval_split = c_.eval_split;
+  dopt.eval_file = c_.eval_data;
+  dopt.chat_template = c_.chat_template;
+  dopt.vocab_size = int32_t(mc_.vocab_size);
+  data_.emplace(data::Dataset::load(c_.data, *tokenizer_, dopt));
+  std::printf("%s\n", data_->train.stats().summary().c_str());
+  if (data_->train.num_examples() == 0) throw UserError(c_.data.string() + ": no usable training example");
+
+  // Steps: the epochs' micro-batches in steps of grad_accum, unless --max-steps says otherwise.
+  int64_t micro = 0;
+  for (int64_t e = 0; e < c_.epochs; ++e) micro += data_->train.num_batches(e, int32_t(c_.batch_size));
+  const int64_t from_epochs = (micro + c_.grad_accum - 1) / c_.grad_accum;
+  if (st_.total_steps == 0) st_.total_steps = c_.max_steps > 0 ? c_.max_steps : from_epochs;
+
+  ctx_ = gpu::Context::create(c_.device);
+  std::printf("model: %s, %lld layers, hidden %lld, vocab %lld\n", mc_.model_type.c_str(), (long long)mc_.num_layers,
+              (long long)mc_.hidden_size, (long long)mc_.vocab_size);
+  model::TrainingSettings ts;
+  ts.batch = c_.batch_size;
+  ts.seq_len = c_.seq_len;
+  ts.lora_rank = c_.lora_rank;
+  ts.double_quant = c_.double_quant;
+  ts.checkpointing = c_.checkpointing();
+  ts.activation_bytes = 4;  // the engine keeps fp32 activations in both precisions
+  ts.lora_dropout = c_.lora_dropout;
+  ts.dense_weight_bytes = c_.precision == "mixed" ? 2 : 4;
+  ts.nf4 = c_.quant == "nf4";
+  ts.targets.clear();
+  for (model::LinearKind k : model::kAllLinears)
+    if (lora_settings_of(c_).targets[size_t(k)]) ts.targets.push_back(k);
+  const model::MemoryPlan plan = model::plan_training_memory(mc_, ts);
+  std::printf("memory plan (estimate): %s\n", gib(plan.total()).c_str());
+  for (const auto& p : plan.parts) std::printf("  %-28s %10s  %s\n", p.name.c_str(), gib(p.bytes).c_str(), p.note.c_str());
+
+  const auto checkpoint = io::SafetensorsCheckpoint::open(c_.model);
+  model::BaseWeightOptions bo;
+  bo.quant = c_.quant == "nf4" ? model::BaseQuant::nf4 : model::BaseQuant::none;
+  bo.double_quant = c_.double_quant;
+  bo.dense_dtype = model::dense_dtype_for(model::parse_precision(c_.precision));
+  std::printf("loading the base model (%s)...\n", c_.quant == "nf4" ? "quantising to NF4" : "16-bit");
+  std::fflush(stdout);
+  base_.emplace(model::load_base_weights(*ctx_, checkpoint, mc_, bo));
+
+  model::LoraSettings ls = lora_settings_of(c_);
+  std::optional<io::Adapter> start;
+  if (!c_.resume.empty()) {
+    // set by execute()
+  } else if (!c_.init_adapter.empty()) {
+    start = io::load_adapter(c_.init_adapter, shapes_);
+    const model::LoraSettings from = model::LoraSettings::from_peft(start->config);
+    // The adapter decides rank, alpha and targets; flags that contradict it are an error.
+    auto clash = [&](const char* key, bool differs) {
+      if (differs && c_.explicitly_set.count(key))
+        throw UserError("--" + std::string(key) + " differs from the --init-adapter's adapter_config.json; leave it out");
+    };
+    clash("lora-rank", from.rank != ls.rank);
+    clash("lora-alpha", from.alpha != ls.alpha);
+    clash("lora-targets", from.targets != ls.targets);
+    clash("rslora", from.rslora != ls.rslora);
+    ls.rank = from.rank;
+    ls.alpha = from.alpha;
+    ls.targets = from.targets;
+    ls.rslora = from.rslora;
+  }
+  std::printf("LoRA: r %lld, alpha %g (scale %g%s), dropout %g, targets %s\n", (long long)ls.rank, ls.alpha,
+              ls.scale(), ls.rslora ? ", rsLoRA" : "", ls.dropout, targets_text(ls).c_str());
+  lora_ = std::make_unique<model::LoraSet>(*ctx_, mc_, ls);
+  if (start) lora_->load(*start);
+  else lora_->init_peft(c_.seed);
+  std::printf("trainable parameters: %llu\n", (unsigned long long)lora_->parameter_count());
+
+  tf_ = std::make_unique<model::Transformer>(*ctx_, *base_, *lora_, uint32_t(c_.batch_size), uint32_t(c_.seq_len),
+                                             c_.checkpointing(),
+                                             model::TransformerOptions{model::parse_precision(c_.precision)});
+  OptimizerSettings os;
+  os.lr = c_.lr;
+  os.beta1 = c_.adam_beta1;
+  os.beta2 = c_.adam_beta2;
+  os.eps = c_.adam_eps;
+  os.weight_decay = c_.weight_decay;
+  os.max_grad_norm = c_.max_grad_norm;
+  os.schedule = parse_schedule(c_.lr_schedule);
+  os.total_steps = st_.total_steps;
+  os.warmup_steps = c_.warmup_for(st_.total_steps);
+  adamw_ = std::make_unique<AdamW>(*ctx_, *lora_, os);
+  loss_sum_ = ctx_->alloc(16, "loss sum");
+  stream_.emplace(data_->train, int32_t(c_.batch_size));
+  std::printf("GPU memory in use after loading: %s\n", gib(ctx_->arena().bytes_in_use()).c_str());
+}
+
+double Run::evaluate() {
+  if (!data_->eval) return NAN;
+  const data::Dataset& ev = *data_->eval;
+  const int64_t n = ev.num_batches(0, int32_t(c_.batch_size));
+  uint64_t targets = 0;
+  ctx_->fill(loss_sum_, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const model::TokenBatch b = to_token_batch(ev.batch(0, i, int32_t(c_.batch_size)));
+    targets += b.target_count();
+    tf_->run(b, 1.0f, loss_sum_, false);
+  }
+  const double loss = double(ctx_->download<float>(loss_sum_, 1)[0]) / double(std::max<uint64_t>(1, targets));
+  last_eval_step_ = st_.step;
+  const double ppl = std::exp(loss);
+  if (tty_) std::fprintf(stderr, "\r\033[K");
+  std::printf("eval step %lld: loss %.4f, perplexity %.3f (%llu tokens)\n", (long long)st_.step, loss, ppl,
+              (unsigned long long)targets);
+  std::fflush(stdout);
+  metrics_->append(json{{"step", st_.step}, {"eval_loss", loss}, {"eval_ppl", ppl}});
+  return loss;
+}
+
+void Run::save(bool final_adapter) {
+  if (last_saved_step_ != st_.step) {
+    Checkpoint ck;
+    ck.state = st_;
+    auto [e, i] = stream_->position();
+    ck.state.epoch = e;
+    ck.state.batch_in_epoch = i;
+    ck.state.elapsed_s = elapsed_before_ + std::chrono::duration<double>(Clock::now() - session_start_).count();
+    ck.adapter = lora_->to_adapter(fs::absolute(c_.model).string());
+    ck.adam_m = ctx_->download<float>(adamw_->m(), lora_->parameter_count());
+    ck.adam_v = ctx_->download<float>(adamw_->v(), lora_->parameter_count());
+    const fs::path dir = save_checkpoint(c_.out, ck, shapes_, config_yaml_);
+    prune_checkpoints(c_.out, c_.keep_checkpoints);
+    last_saved_step_ = st_.step;
+    if (tty_) std::fprintf(stderr, "\r\033[K");
+    std::printf("saved %s\n", dir.string().c_str());
+    std::fflush(stdout);
+  }
+  if (final_adapter) {
+    io::save_adapter(c_.out, lora_->to_adapter(fs::absolute(c_.model).string()), shapes_);
+    std::printf("adapter written to %s (adapter_model.safetensors, adapter_config.json)\n", c_.out.string().c_str());
+  }
+}
+
+void Run::log_step(double loss, double grad_norm, double lr) {
+  const auto now = Clock::now();
+  const double interval = std::chrono::duration<double>(now - interval_start_).count();
+  const double tps = interval > 0 ? double(interval_tokens_) / interval : 0.0;
+  const double elapsed = elapsed_before_ + std::chrono::duration<double>(now - session_start_).count();
+  const double epoch = stream_->fractional_epoch();
+  const bool logged = st_.step % c_.log_every == 0 || st_.step == st_.total_steps || st_.step == 1;
+  const double per_step = std::chrono::duration<double>(now - session_start_).count() /
+                          double(std::max<int64_t>(1, st_.step - steps_at_start_));
+  char line[320];
+  std::snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | ETA %s | GPU %s",
+                (long long)st_.step, (long long)st_.total_steps, loss, lr, grad_norm, tps,
+                duration(per_step * double(st_.total_steps - st_.step)).c_str(),
+                gib(ctx_->arena().peak_bytes()).c_str());
+  if (tty_) std::fprintf(stderr, "\r\033[K%s", line);
+  if (logged) {
+    if (tty_) std::fprintf(stderr, "\r\033[K");
+    std::printf("%s\n", line);
+    std::fflush(stdout);
+    metrics_->append(json{{"step", st_.step},
+                          {"epoch", epoch},
+                          {"loss", loss},
+                          {"lr", lr},
+                          {"grad_norm", grad_norm},
+                          {"tokens", st_.tokens},
+                          {"tokens_per_s", tps},
+                          {"elapsed_s", elapsed}});
+    interval_start_ = now;
+    interval_tokens_ = 0;
+  }
+}
+
+int Run::execute() {
+  tty_ = isatty(fileno(stderr)) != 0;
+  std::optional<Checkpoint> resume_from;
+  fs::path resume_dir;
+  if (!c_.resume.empty()) {
+    resume_dir = resolve_resume(c_.resume);
+    if (c_.out.empty()) c_.out = resume_dir.parent_path();
+  }
+  c_.validate();
+  check_input_paths(c_);
+  if (resume_dir.empty()) prepare_fresh_out(c_);
+  else remove_partial_checkpoints(c_.out);
+  config_yaml_ = c_.to_yaml();
+  std::printf("configuration:\n%s", config_yaml_.c_str());
+  load();
+  io::write_file_atomic(c_.out / "config.yaml", config_yaml_);
+  if (!resume_dir.empty()) {
+    resume_from = load_checkpoint(resume_dir, shapes_);
+    st_ = resume_from->state;
+    if (c_.explicitly_set.count("max-steps") && c_.max_steps > 0) st_.total_steps = c_.max_steps;
+    lora_->load(resume_from->adapter);
+    if (resume_from->adam_m.size() != lora_->parameter_count())
+      throw UserError(resume_dir.string() + ": its optimizer state does not fit this adapter; the checkpoint belongs to another configuration");
+    ctx_->upload(adamw_->m(), resume_from->adam_m);
+    ctx_->upload(adamw_->v(), resume_from->adam_v);
+    stream_->seek(st_.epoch, st_.batch_in_epoch);
+    elapsed_before_ = st_.elapsed_s;
+    last_saved_step_ = st_.step;
+    std::printf("resuming from %s at step %lld of %lld\n", resume_dir.string().c_str(), (long long)st_.step,
+                (long long)st_.total_steps);
+  }
+  st_.seed = c_.seed;
+  metrics_ = std::make_unique<MetricsLog>(c_.out / "metrics.jsonl", st_.step);
+  // The schedule's total must be the run's total (resume may have changed it via --max-steps).
+  {
+    OptimizerSettings os = adamw_->settings();
+    if (os.total_steps != st_.total_steps) {
+      os.total_steps = st_.total_steps;
+      os.warmup_steps = c_.warmup_for(st_.total_steps);
+      auto m = ctx_->download<float>(adamw_->m(), lora_->parameter_count());
+      auto v = ctx_->download<float>(adamw_->v(), lora_->parameter_count());
+      adamw_ = std::make_unique<AdamW>(*ctx_, *lora_, os);
+      ctx_->upload(adamw_->m(), m);
+      ctx_->upload(adamw_->v(), v);
+    }
+  }
+  std::printf("training %lld steps of %lld x %lld micro-batches of %lld tokens (warm-up %lld, %s schedule)\n",
+              (long long)st_.total_steps, (long long)c_.grad_accum, (long long)c_.batch_size, (long long)c_.seq_len,
+              (long long)adamw_->settings().warmup_steps, c_.lr_schedule.c_str());
+  std::fflush(stdout);
+
+  SignalGuard signals;
+  session_start_ = interval_start_ = Clock::now();
+  steps_at_start_ = st_.step;
+  while (st_.step < st_.total_steps && !g_stop_requested) {
+    std::vector<model::TokenBatch> micro;
+    uint64_t targets = 0;
+    int64_t tokens = 0;
+    for (int64_t j = 0; j < c_.grad_accum; ++j) {
+      const data::Batch b = stream_->next();
+      tokens += b.tokens;
+      micro.push_back(to_token_batch(b));
+      targets += micro.back().target_count();
+    }
+    lora_->zero_grads();
+    ctx_->fill(loss_sum_, 0);
+    const float inv_n = 1.0f / float(std::max<uint64_t>(1, targets));
+    for (size_t j = 0; j < micro.size(); ++j) {
+      // dropout masks: a fresh stream per (step, micro-batch), reproduced exactly on resume
+      tf_->set_dropout_seed(c_.seed, uint64_t(st_.step), uint64_t(j));
+      tf_->run(micro[j], inv_n, loss_sum_, true);
+    }
+    adamw_->compute_grad_norm();
+    const double loss = double(ctx_->download<float>(loss_sum_, 1)[0]) * double(inv_n);
+    const double norm = double(ctx_->download<float>(adamw_->grad_norm(), 1)[0]);
+    const double lr = adamw_->lr_at(st_.step);
+    if (!std::isfinite(loss) || !std::isfinite(norm)) {
+      if (!c_.skip_nonfinite) {
+        if (tty_) std::fprintf(stderr, "\r\033[K");
+        const auto all = list_checkpoints(c_.out);
+        std::fprintf(stderr,
+                     "forja: step %lld: the loss (%g) or gradient norm (%g) is not finite; training stopped, the adapter "
+                     "was not updated. Last good checkpoint: %s. Lower --lr, raise --warmup-steps, or pass "
+                     "--skip-nonfinite to skip such steps.\n",
+                     (long long)st_.step + 1, loss, norm, all.empty() ? "none" : all.back().string().c_str());
+        return 3;
+      }
+      ++st_.skipped_nonfinite;
+      if (tty_) std::fprintf(stderr, "\r\033[K");
+      std::printf("step %lld: loss or gradients not finite, skipped (%lld so far)\n", (long long)st_.step + 1,
+                  (long long)st_.skipped_nonfinite);
+    } else {
+      adamw_->apply(st_.step);
+    }
+    ++st_.step;
+    st_.tokens += tokens;
+    st_.last_loss = loss;
+    interval_tokens_ += tokens;
+    log_step(loss, norm, lr);
+    if (data_->eval && c_.eval_every > 0 && st_.step % c_.eval_every == 0) evaluate();
+    if (c_.save_every > 0 && st_.step % c_.save_every == 0) save(false);
+  }
+  if (tty_) std::fprintf(stderr, "\r\033[K");
+  if (g_stop_requested && st_.step < st_.total_steps) {
+    save(false);
+    std::printf("stopped by a signal at step %lld of %lld; continue with: forja train --resume %s\n",
+                (long long)st_.step, (long long)st_.total_steps, c_.out.string().c_str());
+    return 0;
+  }
+  if (data_->eval && last_eval_step_ != st_.step) evaluate();
+  save(true);
+  const double elapsed = elapsed_before_ + std::chrono::duration<double>(Clock::now() - session_start_).count();
+  std::printf("done: %lld steps, %lld tokens in %s, final loss %.4f%s; peak GPU memory %s\n", (long long)st_.step,
+              (long long)st_.tokens, duration(elapsed).c_str(), st_.last_loss,
+              st_.skipped_nonfinite ? (", " + std::to_string(st_.skipped_nonfinite) + " non-finite steps skipped").c_str() : "",
+              gib(ctx_->arena().peak_bytes()).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int run_training(const RunConfig& config) {
+  Run run(config);
+  try {
+    return run.execute();
+  } catch (const gpu::OutOfMemory& e) {
+    throw UserError(std::string(e.what()) +
+                    "; lower --batch-size or --seq-len, use --grad-checkpointing on, --quant nf4, or a smaller --lora-rank");
+  }
+}
+
+}  // namespace forja::train

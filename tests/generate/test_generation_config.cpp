@@ -1,0 +1,61 @@
+// generation_config.json: the fields forja honours, absent files, and bad ones.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "model/generation_config.h"
+#include "util/error.h"
+
+namespace forja::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+class GenerationConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("forja_gencfg_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void write(const std::string& text) { std::ofstream(dir_ / "generation_config.json") << text; }
+  fs::path dir_;
+};
+
+TEST_F(GenerationConfigTest, AbsentMeansGreedy) {
+  const auto g = model::load_generation_config(dir_);
+  EXPECT_TRUE(g.path.empty());
+  EXPECT_FALSE(g.do_sample);
+  EXPECT_FALSE(g.temperature);
+  EXPECT_TRUE(g.eos_token_ids.empty());
+}
+
+TEST_F(GenerationConfigTest, ReadsQwen3Defaults) {
+  write(R"({"bos_token_id": 151643, "do_sample": true, "eos_token_id": [151645, 151643], "pad_token_id": 151643,
+            "temperature": 0.6, "top_k": 20, "top_p": 0.95, "transformers_version": "4.51.0"})");
+  const auto g = model::load_generation_config(dir_);
+  EXPECT_FALSE(g.path.empty());
+  EXPECT_TRUE(g.do_sample);
+  EXPECT_DOUBLE_EQ(*g.temperature, 0.6);
+  EXPECT_EQ(*g.top_k, 20);
+  EXPECT_DOUBLE_EQ(*g.top_p, 0.95);
+  EXPECT_EQ(g.eos_token_ids, (std::vector<int64_t>{151645, 151643}));
+  write(R"({"eos_token_id": 2, "temperature": null})");
+  const auto one = model::load_generation_config(dir_);
+  EXPECT_EQ(one.eos_token_ids, (std::vector<int64_t>{2}));
+  EXPECT_FALSE(one.temperature);
+}
+
+TEST_F(GenerationConfigTest, BadFilesAreUserErrors) {
+  write("{not json");
+  EXPECT_THROW(model::load_generation_config(dir_), UserError);
+  write(R"({"top_k": "twenty"})");
+  EXPECT_THROW(model::load_generation_config(dir_), UserError);
+  write(R"({"eos_token_id": [1, "x"]})");
+  EXPECT_THROW(model::load_generation_config(dir_), UserError);
+}
+
+}  // namespace
+}  // namespace forja::test

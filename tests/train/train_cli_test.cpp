@@ -1,0 +1,208 @@
+// `forja train` end to end on the built-in example model (lavapipe in CI): the loss falls, the
+// outputs are there, a run killed (SIGKILL in the middle of writing a checkpoint, or SIGTERM)
+// and resumed gives exactly the losses of the uninterrupted run, and user errors exit 2.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+#include "train/example.h"
+
+namespace forja::train {
+namespace {
+namespace fs = std::filesystem;
+
+std::string program() {
+  if (const char* p = std::getenv("FORJA_TEST_PROGRAM")) return p;
+  return std::string(FORJA_BINARY_DIR) + "/forja";
+}
+
+struct Result {
+  int exit_code = -1;  // -1 when killed by a signal
+  int signal = 0;
+  std::string output;
+};
+
+Result run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " " + program() + " " + args + " 2>&1";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  Result r;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, f)) r.output.append(buf, n);
+  const int status = ::pclose(f);
+  if (WIFEXITED(status)) {
+    r.exit_code = WEXITSTATUS(status);
+    // the shell reports a child killed by signal N as exit code 128 + N
+    if (r.exit_code > 128) r.signal = r.exit_code - 128;
+  }
+  return r;
+}
+
+// The example model and data, made once per test process.
+struct Example {
+  fs::path dir, model, data;
+};
+const Example& example() {
+  static const Example e = [] {
+    Example x;
+    x.dir = fs::temp_directory_path() / ("forja_train_cli_" + std::to_string(::getpid()));
+    fs::remove_all(x.dir);
+    x.model = x.dir / "model";
+    x.data = x.dir / "chat.jsonl";
+    ExampleModelShape shape;
+    shape.hidden = 64;
+    shape.intermediate = 128;
+    shape.head_dim = 16;
+    write_example_model(x.model, 3, shape);
+    write_example_data(x.data);
+    return x;
+  }();
+  return e;
+}
+
+std::string base_args(const fs::path& out) {
+  const Example& e = example();
+  return "train --model " + e.model.string() + " --data " + e.data.string() + " --out " + out.string() +
+         " --seq-len 48 --batch-size 4 --grad-accum 2 --max-steps 8 --lr 3e-3 --warmup-steps 2 --lr-schedule cosine"
+         " --save-every 3 --keep-checkpoints 2 --log-every 1 --lora-rank 8";
+}
+
+// step -> loss from metrics.jsonl (training rows only)
+std::map<int64_t, double> losses(const fs::path& out) {
+  std::map<int64_t, double> m;
+  std::ifstream f(out / "metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) m[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
+  }
+  return m;
+}
+
+TEST(TrainCli, TrainsWritesOutputsAndResumesExactlyAfterKills) {
+  if (!fs::exists(program())) GTEST_SKIP() << program() << " not built";
+  const fs::path dir = example().dir;
+
+  // 1. uninterrupted
+  const fs::path a = dir / "run_a";
+  Result r = run(base_args(a));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto want = losses(a);
+  ASSERT_EQ(want.size(), 8u) << r.output;
+  EXPECT_LT(want.at(8), want.at(1) - 0.2) << "the loss should fall";
+  for (const char* f : {"adapter_model.safetensors", "adapter_config.json", "config.yaml", "metrics.jsonl"})
+    EXPECT_TRUE(fs::exists(a / f)) << f;
+  EXPECT_FALSE(fs::exists(a / "checkpoint-3"));  // kept: the newest 2
+  EXPECT_TRUE(fs::exists(a / "checkpoint-6"));
+  EXPECT_TRUE(fs::exists(a / "checkpoint-8"));
+
+  // 2. SIGKILL half-way through writing checkpoint-6, then resume
+  const fs::path b = dir / "run_b";
+  r = run(base_args(b), "FORJA_TEST_KILL_IN_CHECKPOINT=6");
+  EXPECT_EQ(r.signal, 9) << r.output;
+  EXPECT_TRUE(fs::exists(b / "checkpoint-3"));
+  EXPECT_FALSE(fs::exists(b / "checkpoint-6"));
+  r = run("train --resume " + b.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resuming from"), std::string::npos) << r.output;
+  EXPECT_EQ(losses(b), want) << r.output;
+
+  // 3. SIGTERM mid-run saves a checkpoint and exits 0; resume from the run directory
+  const fs::path c = dir / "run_c";
+  const std::string script = "(" + program() + " " + base_args(c) + " --save-every 0 > " + (dir / "c.log").string() +
+                             " 2>&1 & pid=$!; for i in $(seq 600); do grep -q '\"step\":3' " + (c / "metrics.jsonl").string() +
+                             " 2>/dev/null && break; sleep 0.1; done; kill -TERM $pid; wait $pid; echo rc=$?)";
+  FILE* f = ::popen(script.c_str(), "r");
+  std::string out;
+  char buf[256];
+  while (size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  ::pclose(f);
+  EXPECT_NE(out.find("rc=0"), std::string::npos) << out;
+  std::ifstream log(dir / "c.log");
+  const std::string log_text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(log_text.find("stopped by a signal"), std::string::npos) << log_text;
+  r = run("train --resume " + c.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(losses(c), want) << r.output;
+
+  // 4. --init-adapter continues from a trained adapter: its first loss is the trained one's level
+  const fs::path d = dir / "run_d";
+  r = run(base_args(d) + " --max-steps 1 --init-adapter " + a.string() + " --lora-rank 8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_LT(losses(d).at(1), want.at(1) - 0.2) << r.output;
+}
+
+TEST(TrainCli, UserErrorsExitTwoWithOneLine) {
+  if (!fs::exists(program())) GTEST_SKIP() << program() << " not built";
+  const fs::path dir = example().dir;
+  const fs::path out = dir / "run_errors";
+  auto expect_error = [&](const std::string& args, const std::string& needle) {
+    const Result r = run(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+  };
+  expect_error(base_args(out) + " --lora-rank 0", "--lora-rank must be");
+  expect_error(base_args(out) + " --lr -1", "--lr must be");
+  expect_error(base_args(out) + " --lr-shedule cosine", "did you mean '--lr-schedule'");
+  expect_error("train --model " + (dir / "nope").string() + " --data " + example().data.string() + " --out " + out.string(),
+               "no such model directory");
+  expect_error(base_args(out) + " --init-adapter " + (dir / "nope").string(), "nope");
+  std::ofstream(dir / "bad.yaml") << "lora-rnak: 4\n";
+  expect_error(base_args(out) + " --config " + (dir / "bad.yaml").string(), "did you mean 'lora-rank'");
+
+  // an OUT holding another run is refused unless --resume or --overwrite
+  const Result first = run(base_args(out) + " --max-steps 1");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  expect_error(base_args(out) + " --max-steps 1", "holds another run");
+  const Result again = run(base_args(out) + " --max-steps 1 --overwrite");
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+}
+
+// A copy of the example model whose final norm holds a NaN: every loss is NaN.
+fs::path nan_model() {
+  const fs::path dir = example().dir / "nan_model";
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(example().model))
+    if (e.path().filename() != "model.safetensors") fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing);
+  const auto src = io::SafetensorsFile::open(example().model / "model.safetensors");
+  std::vector<uint16_t> nan_norm;
+  std::vector<io::TensorToWrite> out;
+  for (const auto& info : src.tensors()) {
+    io::TensorToWrite t;
+    t.name = info.name;
+    t.dtype = info.dtype;
+    t.shape = info.shape;
+    t.data = src.view(info).bytes();
+    if (info.name == "model.norm.weight") {
+      nan_norm.assign(size_t(info.numel()), 0x3F80);  // bf16 1.0
+      nan_norm[1] = 0x7FC0;                           // bf16 NaN
+      t.data = std::as_bytes(std::span(nan_norm));
+    }
+    out.push_back(std::move(t));
+  }
+  io::write_safetensors(dir / "model.safetensors", std::move(out));
+  return dir;
+}
+
+TEST(TrainCli, NonFiniteLossStopsOrIsSkipped) {
+  if (!fs::exists(program())) GTEST_SKIP() << program() << " not built";
+  const fs::path model = nan_model();
+  const std::string args = "train --model " + model.string() + " --data " + example().data.string() +
+                           " --seq-len 48 --batch-size 2 --grad-accum 1 --max-steps 2 --log-every 1 --out ";
+  Result r = run(args + (example().dir / "run_nan").string());
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("not finite"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--skip-nonfinite"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(example().dir / "run_nan" / "adapter_model.safetensors"));
+  r = run(args + (example().dir / "run_nan_skip").string() + " --skip-nonfinite");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 non-finite steps skipped"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace forja::train
