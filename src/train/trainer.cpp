@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -478,6 +480,9 @@ int Run::execute() {
     st_.last_loss = loss;
     interval_tokens_ += tokens;
     log_step(loss, norm, lr);
+    // Test hook: FORJA_TEST_SIGTERM_AFTER_STEP=N sends this process SIGTERM after step N, so the
+    // tests can check the stop-and-save path without racing a fast GPU from outside.
+    if (const char* v = std::getenv("FORJA_TEST_SIGTERM_AFTER_STEP"); v && std::atoll(v) == st_.step) ::raise(SIGTERM);
     if (data_->eval && c_.eval_every > 0 && st_.step % c_.eval_every == 0) evaluate();
     if (c_.save_every > 0 && st_.step % c_.save_every == 0) save(false);
   }

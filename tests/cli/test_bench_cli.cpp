@@ -90,7 +90,7 @@ TEST_F(BenchCli, BadInputNamesTheFix) {
            {"bench --shape tiny --batch 1", "--seq-len"},
            {"bench --batch 1 --seq-len 8", "--shape"},
            {"bench --shape tiny --batch 1 --seq-len 8 --quant int8", "nf4"},
-           {"bench --shape tiny --batch 1 --seq-len 8 --precision mixed", "not available yet"},
+           {"bench --shape tiny --batch 1 --seq-len 8 --precision fp16", "fp32"},
        }) {
     auto [rc, out] = run(c.args);
     EXPECT_EQ(rc, 2) << c.args << "\n" << out;
