@@ -13,7 +13,7 @@ namespace {
 
 struct ExampleArgs {
   std::string out = "runs/example";
-  int64_t steps = 120;
+  int64_t steps = 30;
   int device = -1;
 };
 
@@ -38,15 +38,15 @@ forja::cli::CommandRegistration reg{"example", 5, [](CLI::App& app) {
     set("data", (root / "data" / "chat.jsonl").string());
     set("out", (root / "run").string());
     set("seq-len", "48");
-    set("batch-size", "8");
+    set("batch-size", "16");
     set("grad-accum", "1");
     set("max-steps", std::to_string(args->steps));
-    set("lr", "3e-3");
+    set("lr", "4e-3");
     set("lr-schedule", "cosine");
-    set("warmup-steps", "5");
+    set("warmup-steps", "3");
     set("max-grad-norm", "1.0");
-    set("save-every", "50");
-    set("log-every", "10");
+    set("save-every", "20");
+    set("log-every", "5");
     set("overwrite", "true");
     set("device", std::to_string(args->device));
     const int rc = forja::train::run_training(c);

@@ -52,9 +52,10 @@ layout(set = 0, binding = 0) readonly buffer BufA1 { float A1[]; };
 layout(set = 0, binding = 1) readonly buffer BufB4 { uvec2 B4[]; };
 layout(set = 0, binding = 1) readonly buffer BufB1 { uint B1[]; };
 // A rounded to fp16 (the conversion the cooperative-matrix kernel applies while staging A).
-vec4 load4_a(uint e) { return vec4(f16vec4(A4[e >> 2])); }
+#include "f16_round.glsl"
+vec4 load4_a(uint e) { return round_to_f16(A4[e >> 2]); }
 vec4 load4_b(uint e) { return halves4(B4[e >> 2]); }
-float load1_a(uint e) { return float(float16_t(A1[e])); }
+float load1_a(uint e) { return round_to_f16(A1[e]); }
 float load1_b(uint e) { return unpackHalf2x16(B1[e >> 1])[e & 1u]; }
 #else
 layout(set = 0, binding = 0) readonly buffer BufA4 { vec4 A4[]; };

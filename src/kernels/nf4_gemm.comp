@@ -22,8 +22,8 @@
 //! variant nf4_gemm_f16_t128 -DROUND_F16 -DBM=128 -DBN=128 -DBK=8 -DQM=2 -DQN=2
 #extension GL_EXT_control_flow_attributes : require
 #ifdef ROUND_F16
-#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
-#define OPERAND4(v) vec4(f16vec4(v))
+#include "f16_round.glsl"
+#define OPERAND4(v) round_to_f16(v)
 #else
 #define OPERAND4(v) (v)
 #endif

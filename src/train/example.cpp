@@ -218,7 +218,7 @@ void write_example_model(const fs::path& dir, uint64_t seed, const ExampleModelS
                        {"rms_norm_eps", 1e-6},
                        {"rope_theta", 10000.0},
                        {"attention_bias", false},
-                       {"tie_word_embeddings", true},
+                       {"tie_word_embeddings", false},
                        {"torch_dtype", "bfloat16"},
                        {"bos_token_id", pad},
                        {"eos_token_id", eos}};
@@ -231,10 +231,11 @@ void write_example_model(const fs::path& dir, uint64_t seed, const ExampleModelS
   std::normal_distribution<float> normal(0.0f, 0.02f);
   std::vector<std::vector<uint16_t>> storage;
   std::vector<io::TensorToWrite> tensors;
-  // The tied embedding is also the LM head: at HF's std 0.02 a model this narrow could not
+  // The LM head is untied and wider than HF's std 0.02: at 0.02 a model this narrow could not
   // produce logits beyond about +-1 after the final RMSNorm, so no adapter could bring the loss
-  // far below log(V). A std of 4/sqrt(hidden) gives logits a range of tens.
-  const float embed_scale = 4.0f / std::sqrt(float(s.hidden)) / 0.02f;
+  // far below log(V); std 2/sqrt(hidden) gives logits of std ~2 at the start and a reach of tens.
+  // (Tied, such a head would also give each input token a huge logit for itself.)
+  const float head_scale = 2.0f / std::sqrt(float(s.hidden)) / 0.02f;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, bool norm, float scale = 1.0f) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -248,9 +249,9 @@ void write_example_model(const fs::path& dir, uint64_t seed, const ExampleModelS
     t.data = std::as_bytes(std::span(storage.back()));
     tensors.push_back(std::move(t));
   };
-  storage.reserve(size_t(4 + 11 * s.layers));
+  storage.reserve(size_t(5 + 11 * s.layers));
   const int64_t q = s.heads * s.head_dim, kv = s.kv_heads * s.head_dim;
-  add("model.embed_tokens.weight", {vocab_size, s.hidden}, false, embed_scale);
+  add("model.embed_tokens.weight", {vocab_size, s.hidden}, false);
   for (int64_t l = 0; l < s.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     add(p + "input_layernorm.weight", {s.hidden}, true);
@@ -266,6 +267,7 @@ void write_example_model(const fs::path& dir, uint64_t seed, const ExampleModelS
     add(p + "mlp.down_proj.weight", {s.hidden, s.intermediate}, false);
   }
   add("model.norm.weight", {s.hidden}, true);
+  add("lm_head.weight", {vocab_size, s.hidden}, false, head_scale);
   io::write_safetensors(dir / "model.safetensors", std::move(tensors));
 }
 

@@ -3,7 +3,7 @@
 // tried end to end without downloading anything.
 //
 // The model: config.json, model.safetensors (bf16, random normal(0, 0.02) weights as HF
-// initialises them, norms near 1), tokenizer.json (byte-level BPE with Qwen's pre-tokenizer,
+// initialises them, an untied LM head of std 2/sqrt(hidden), norms near 1), tokenizer.json (byte-level BPE with Qwen's pre-tokenizer,
 // 256 byte tokens plus merges learned from the example's own text), tokenizer_config.json (ChatML
 // template, <|im_end|> as EOS), generation_config.json. The data: conversations asking for
 // capitals and small sums, which LoRA on a random model can memorise in a few hundred steps.
