@@ -108,15 +108,7 @@ Nf4Tensor quantize_impl(std::vector<std::int64_t> shape, std::int64_t numel,
     }
     for (auto& th : pool) th.join();
   }
-  if (options.double_quant) {
-    QuantizedAbsmax q = double_quantize_absmax(absmax);
-    t.double_quant = true;
-    t.absmax_q = std::move(q.codes);
-    t.nested_absmax = std::move(q.nested_absmax);
-    t.absmax_offset = q.offset;
-  } else {
-    t.absmax = std::move(absmax);
-  }
+  store_block_absmax(t, std::move(absmax), options.double_quant);
   return t;
 }
 
@@ -279,6 +271,18 @@ void quantize_checkpoint_linears(const io::SafetensorsCheckpoint& checkpoint,
       checkpoint.release(name);  // its bf16 pages are done with: keep the resident set small
       sink(name, std::move(quantised));
     }
+  }
+}
+
+void store_block_absmax(Nf4Tensor& t, std::vector<float> absmax, bool double_quant) {
+  if (double_quant) {
+    QuantizedAbsmax q = double_quantize_absmax(absmax);
+    t.double_quant = true;
+    t.absmax_q = std::move(q.codes);
+    t.nested_absmax = std::move(q.nested_absmax);
+    t.absmax_offset = q.offset;
+  } else {
+    t.absmax = std::move(absmax);
   }
 }
 

@@ -112,6 +112,9 @@ struct Nf4Options {
 };
 
 // Quantises fp32 values (row-major) of the given shape.
+// Stores a tensor's per-block absmax: as is, or double-quantised (8-bit codes + nested absmax).
+void store_block_absmax(Nf4Tensor& t, std::vector<float> absmax, bool double_quant);
+
 Nf4Tensor nf4_quantize(std::span<const float> values, std::vector<std::int64_t> shape,
                        const Nf4Options& options = {});
 

@@ -157,15 +157,7 @@ Nf4Tensor random_nf4_tensor(const std::vector<int64_t>& shape, uint64_t seed, bo
     const double u = double(draw(absmax_stream, b) >> 11) * 0x1p-53;  // [0, 1)
     absmax[b] = static_cast<float>(0.02 * (2.2 + 0.6 * u));
   }
-  if (double_quant) {
-    QuantizedAbsmax q = double_quantize_absmax(absmax);
-    t.double_quant = true;
-    t.absmax_q = std::move(q.codes);
-    t.nested_absmax = std::move(q.nested_absmax);
-    t.absmax_offset = q.offset;
-  } else {
-    t.absmax = std::move(absmax);
-  }
+  store_block_absmax(t, std::move(absmax), double_quant);
   return t;
 }
 

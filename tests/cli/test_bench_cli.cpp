@@ -11,24 +11,17 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
+#include "support/cli_runner.h"
 
 namespace forja::cli {
 namespace {
 
-std::string program() {
-  if (const char* p = std::getenv("FORJA_TEST_PROGRAM")) return p;
-  return std::string(FORJA_BINARY_DIR) + "/forja";
-}
+using forja::test::program;
 
 // Runs the program with `args`, returning (exit code, stdout) with stderr to `err` (or merged).
 std::pair<int, std::string> run(const std::string& args, bool merge_stderr = true) {
-  const std::string cmd = program() + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null");
-  FILE* f = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-  const int status = ::pclose(f);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  const forja::test::ShellResult r = forja::test::run_shell(program() + " " + args + (merge_stderr ? " 2>&1" : " 2>/dev/null"));
+  return {r.exit_code, r.output};
 }
 
 class BenchCli : public ::testing::Test {

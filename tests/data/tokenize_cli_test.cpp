@@ -10,24 +10,17 @@
 #include <nlohmann/json.hpp>
 
 #include "test_paths.h"
+#include "support/cli_runner.h"
 
 namespace forja::data {
 namespace {
 
-std::string program() {
-  if (const char* p = std::getenv("FORJA_TEST_PROGRAM")) return p;
-  return std::string(FORJA_BINARY_DIR) + "/forja";
-}
+using forja::test::program;
 
 // Runs the command, returning (exit code, stdout + stderr).
 std::pair<int, std::string> run(const std::string& args) {
-  const std::string cmd = program() + " " + args + " 2>&1";
-  FILE* f = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-  const int status = ::pclose(f);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  const forja::test::ShellResult r = forja::test::run_shell(program() + " " + args + " 2>&1");
+  return {r.exit_code, r.output};
 }
 
 TEST(TokenizerCli, TextDecodeAndDataSummary) {

@@ -12,16 +12,14 @@
 
 #include "generate/generate_cases.h"
 #include "io/safetensors.h"
+#include "support/cli_runner.h"
 
 namespace forja::test {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string program() {
-  if (const char* p = std::getenv("FORJA_TEST_PROGRAM")) return p;
-  return std::string(FORJA_BINARY_DIR) + "/forja";
-}
+using forja::test::program;
 
 struct Result {
   int rc;

@@ -23,6 +23,7 @@
 #include "model/config.h"
 #include "model/merge.h"
 #include "model/nf4.h"
+#include "support/cli_runner.h"
 
 namespace forja::model {
 namespace {
@@ -592,10 +593,7 @@ TEST(MergeOptionsParsing, ByteSizes) {
 
 // ---- the command line, and the PyTorch reference reading the output ----
 
-std::string program() {
-  if (const char* p = std::getenv("FORJA_TEST_PROGRAM")) return p;
-  return std::string(FORJA_BINARY_DIR) + "/forja";
-}
+using forja::test::program;
 
 std::pair<int, std::string> run(const std::string& cmd) {
   FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");

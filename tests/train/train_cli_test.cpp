@@ -11,15 +11,13 @@
 
 #include "io/safetensors.h"
 #include "train/example.h"
+#include "support/cli_runner.h"
 
 namespace forja::train {
 namespace {
 namespace fs = std::filesystem;
 
-std::string program() {
-  if (const char* p = std::getenv("FORJA_TEST_PROGRAM")) return p;
-  return std::string(FORJA_BINARY_DIR) + "/forja";
-}
+using forja::test::program;
 
 struct Result {
   int exit_code = -1;  // -1 when killed by a signal
@@ -28,17 +26,11 @@ struct Result {
 };
 
 Result run(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " " + program() + " " + args + " 2>&1";
-  FILE* f = ::popen(cmd.c_str(), "r");
+  const forja::test::ShellResult s = forja::test::run_shell(env + " " + program() + " " + args + " 2>&1");
   Result r;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, f)) r.output.append(buf, n);
-  const int status = ::pclose(f);
-  if (WIFEXITED(status)) {
-    r.exit_code = WEXITSTATUS(status);
-    // the shell reports a child killed by signal N as exit code 128 + N
-    if (r.exit_code > 128) r.signal = r.exit_code - 128;
-  }
+  r.exit_code = s.exit_code;
+  r.output = s.output;
+  if (r.exit_code > 128) r.signal = r.exit_code - 128;  // the shell's report of a signal
   return r;
 }
 
