@@ -1,4 +1,5 @@
 #include "ops/attention.h"
+#include "ops/chunking.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -42,18 +43,6 @@ void check_dims(const char* op, const Dims& m) {
                                 std::to_string(kMaxHeadDim) + " (the kernels' tile width)");
 }
 
-// A binding covering `count` 4-byte elements of `b` from element `first`, starting at a byte
-// offset the device accepts; the kernel adds the returned element offset.
-struct Bound {
-  gpu::Buffer buffer;
-  uint32_t offset;
-};
-Bound bind(const gpu::Context& ctx, const gpu::Buffer& b, uint64_t first, uint64_t count) {
-  const uint64_t align = std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
-  const uint64_t begin = first * 4 / align * align;
-  const uint64_t end = std::min<uint64_t>(b.size, (first + std::max<uint64_t>(count, 1)) * 4);
-  return {b.slice(begin, end - begin), static_cast<uint32_t>((first * 4 - begin) / 4)};
-}
 
 // Sequences per dispatch so that the largest binding (plus alignment slack) fits the device.
 uint32_t sequences_per_dispatch(const gpu::Context& ctx, const char* op, const Dims& m) {
@@ -86,12 +75,12 @@ void attention_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffe
   const uint32_t per = sequences_per_dispatch(ctx, op, m);
   for (uint32_t b0 = 0; b0 < batch; b0 += per) {
     const uint32_t nb = std::min(per, batch - b0);
-    const Bound bq = bind(ctx, q, b0 * m.q_seq(), nb * m.q_seq());
-    const Bound bk = bind(ctx, k, b0 * m.kv_seq(), nb * m.kv_seq());
-    const Bound bv = bind(ctx, v, b0 * m.kv_seq(), nb * m.kv_seq());
-    const Bound bs = bind(ctx, segments, uint64_t(b0) * seq, uint64_t(nb) * seq);
-    const Bound bo = bind(ctx, out, b0 * m.q_seq(), nb * m.q_seq());
-    const Bound bl = bind(ctx, lse, b0 * m.stat_seq(), nb * m.stat_seq());
+    const Bound bq = bind_elements(ctx, q, b0 * m.q_seq(), nb * m.q_seq());
+    const Bound bk = bind_elements(ctx, k, b0 * m.kv_seq(), nb * m.kv_seq());
+    const Bound bv = bind_elements(ctx, v, b0 * m.kv_seq(), nb * m.kv_seq());
+    const Bound bs = bind_elements(ctx, segments, uint64_t(b0) * seq, uint64_t(nb) * seq);
+    const Bound bo = bind_elements(ctx, out, b0 * m.q_seq(), nb * m.q_seq());
+    const Bound bl = bind_elements(ctx, lse, b0 * m.stat_seq(), nb * m.stat_seq());
     const AttnPush push{seq,      n_heads, n_kv_heads,
                         head_dim, scale,   {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, 0, 0, 0}};
     // Causal: about half of the S x S scores, each a d-long dot in QK^T and in PV.
@@ -136,17 +125,17 @@ void attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buff
   // forms P^T dout and dS^T q: 7 causal-half products in all.
   for (uint32_t b0 = 0; b0 < batch; b0 += per) {
     const uint32_t nb = std::min(per, batch - b0);
-    const Bound bq = bind(ctx, q, b0 * m.q_seq(), nb * m.q_seq());
-    const Bound bk = bind(ctx, k, b0 * m.kv_seq(), nb * m.kv_seq());
-    const Bound bv = bind(ctx, v, b0 * m.kv_seq(), nb * m.kv_seq());
-    const Bound bs = bind(ctx, segments, uint64_t(b0) * seq, uint64_t(nb) * seq);
-    const Bound bo = bind(ctx, out, b0 * m.q_seq(), nb * m.q_seq());
-    const Bound bl = bind(ctx, lse, b0 * m.stat_seq(), nb * m.stat_seq());
-    const Bound bdo = bind(ctx, dout, b0 * m.q_seq(), nb * m.q_seq());
-    const Bound bdq = bind(ctx, dq, b0 * m.q_seq(), nb * m.q_seq());
-    const Bound bdk = bind(ctx, dk, b0 * m.kv_seq(), nb * m.kv_seq());
-    const Bound bdv = bind(ctx, dv, b0 * m.kv_seq(), nb * m.kv_seq());
-    const Bound bd = bind(ctx, drow, b0 * m.stat_seq(), nb * m.stat_seq());
+    const Bound bq = bind_elements(ctx, q, b0 * m.q_seq(), nb * m.q_seq());
+    const Bound bk = bind_elements(ctx, k, b0 * m.kv_seq(), nb * m.kv_seq());
+    const Bound bv = bind_elements(ctx, v, b0 * m.kv_seq(), nb * m.kv_seq());
+    const Bound bs = bind_elements(ctx, segments, uint64_t(b0) * seq, uint64_t(nb) * seq);
+    const Bound bo = bind_elements(ctx, out, b0 * m.q_seq(), nb * m.q_seq());
+    const Bound bl = bind_elements(ctx, lse, b0 * m.stat_seq(), nb * m.stat_seq());
+    const Bound bdo = bind_elements(ctx, dout, b0 * m.q_seq(), nb * m.q_seq());
+    const Bound bdq = bind_elements(ctx, dq, b0 * m.q_seq(), nb * m.q_seq());
+    const Bound bdk = bind_elements(ctx, dk, b0 * m.kv_seq(), nb * m.kv_seq());
+    const Bound bdv = bind_elements(ctx, dv, b0 * m.kv_seq(), nb * m.kv_seq());
+    const Bound bd = bind_elements(ctx, drow, b0 * m.stat_seq(), nb * m.stat_seq());
     const double product = 2.0 * nb * n_heads * (0.5 * seq * (seq + 1.0)) * head_dim;
 
     const AttnPush push_dq{

@@ -39,6 +39,17 @@ inline Window window(const gpu::Context& ctx, const gpu::Buffer& b, uint64_t beg
   return {b.slice(start, end - start), static_cast<uint32_t>((begin - start) / elem_bytes)};
 }
 
+// window() in 4-byte elements: a binding of `count` (at least one) elements of `b` from element
+// `first`; the kernel adds `offset` (in elements) to its indices.
+struct Bound {
+  gpu::Buffer buffer;
+  uint32_t offset;
+};
+inline Bound bind_elements(const gpu::Context& ctx, const gpu::Buffer& b, uint64_t first, uint64_t count) {
+  const Window w = window(ctx, b, first * 4, std::max<uint64_t>(count, 1) * 4);
+  return {w.view, w.first};
+}
+
 // Throws std::logic_error ("<op>: <name> ...") unless `b` holds at least `bytes` and starts at
 // an aligned offset (so that every window() of it does too).
 inline void check_buffer(const gpu::Context& ctx, const char* op, const char* name, const gpu::Buffer& b,

@@ -1,4 +1,5 @@
 #include "ops/cross_entropy.h"
+#include "ops/chunking.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -25,18 +26,6 @@ void check_buffer(const char* name, const gpu::Buffer& b, uint64_t bytes) {
                                 std::to_string(b.size) + " bytes, the shape needs " + std::to_string(bytes));
 }
 
-// A binding covering `count` 4-byte elements of `b` from element `first`, starting at a byte
-// offset the device accepts; the kernel adds the returned element offset.
-struct Bound {
-  gpu::Buffer buffer;
-  uint32_t offset;
-};
-Bound bind(const gpu::Context& ctx, const gpu::Buffer& b, uint64_t first, uint64_t count) {
-  const uint64_t align = std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
-  const uint64_t begin = first * 4 / align * align;
-  const uint64_t end = std::min<uint64_t>(b.size, (first + std::max<uint64_t>(count, 1)) * 4);
-  return {b.slice(begin, end - begin), static_cast<uint32_t>((first * 4 - begin) / 4)};
-}
 
 uint32_t grid(uint64_t n) {
   return static_cast<uint32_t>(std::clamp<uint64_t>((n + kThreads - 1) / kThreads, 1, kMaxGroups));
@@ -81,10 +70,10 @@ void lm_head_cross_entropy(gpu::Context& ctx, const gpu::Buffer& x, const gpu::B
 
   for (uint64_t r0 = 0; r0 < T; r0 += tb) {
     const uint32_t rows = static_cast<uint32_t>(std::min<uint64_t>(tb, T - r0));
-    const Bound bt = bind(ctx, targets, r0, rows);
+    const Bound bt = bind_elements(ctx, targets, r0, rows);
     MatrixView xa{x, DType::f32, r0 * H, hidden};
     if (f16) {
-      const Bound bx = bind(ctx, x, r0 * H, rows * H);
+      const Bound bx = bind_elements(ctx, x, r0 * H, rows * H);
       const uint32_t n = static_cast<uint32_t>(rows * H);
       const auto& p = ctx.pipelines().get("ce_to_f16", 2, sizeof(CePush));
       ctx.dispatch(p, {{bx.buffer, gpu::Access::read}, {x_h, gpu::Access::write}},

@@ -37,6 +37,11 @@ class AdamW {
   void compute_grad_norm();
   void apply(int64_t step);
   double lr_at(int64_t step) const;
+  // The schedule's length (a resumed run may change it with --max-steps).
+  void set_schedule_length(int64_t total_steps, int64_t warmup_steps) {
+    settings_.total_steps = total_steps;
+    settings_.warmup_steps = warmup_steps;
+  }
   gpu::Buffer grad_norm() const { return norm_; }
   gpu::Buffer m() const { return m_; }
   gpu::Buffer v() const { return v_; }

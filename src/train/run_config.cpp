@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -235,12 +236,14 @@ void RunConfig::load_yaml(const fs::path& file) {
       throw UserError(where + ": expected a single value");
     }
     if (key == "config") throw UserError(where + ": a config file cannot name another config file");
-    set(key, value, where);
     // Paths in the file are relative to the file, so a run directory can be moved with its config.
+    std::string name = key;
+    std::replace(name.begin(), name.end(), '_', '-');
     for (const auto& impl : key_table())
-      if (impl.meta.name == std::string_view(key) && std::string_view(impl.meta.value_hint) == "PATH" && !value.empty() &&
+      if (name == impl.meta.name && std::string_view(impl.meta.value_hint) == "PATH" && !value.empty() &&
           fs::path(value).is_relative())
-        set(key, (base / value).string(), where);
+        value = (base / value).string();
+    set(key, value, where);
   }
 }
 

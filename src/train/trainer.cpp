@@ -326,6 +326,8 @@ double Run::evaluate() {
 }
 
 void Run::save(bool final_adapter) {
+  if (last_saved_step_ == st_.step && !final_adapter) return;
+  const io::Adapter adapter = lora_->to_adapter(fs::absolute(c_.model).string());
   if (last_saved_step_ != st_.step) {
     Checkpoint ck;
     ck.state = st_;
@@ -333,7 +335,7 @@ void Run::save(bool final_adapter) {
     ck.state.epoch = e;
     ck.state.batch_in_epoch = i;
     ck.state.elapsed_s = elapsed_before_ + std::chrono::duration<double>(Clock::now() - session_start_).count();
-    ck.adapter = lora_->to_adapter(fs::absolute(c_.model).string());
+    ck.adapter = adapter;
     ck.adam_m = ctx_->download<float>(adamw_->m(), lora_->parameter_count());
     ck.adam_v = ctx_->download<float>(adamw_->v(), lora_->parameter_count());
     const fs::path dir = save_checkpoint(c_.out, ck, shapes_, config_yaml_);
@@ -344,7 +346,7 @@ void Run::save(bool final_adapter) {
     std::fflush(stdout);
   }
   if (final_adapter) {
-    io::save_adapter(c_.out, lora_->to_adapter(fs::absolute(c_.model).string()), shapes_);
+    io::save_adapter(c_.out, adapter, shapes_);
     std::printf("adapter written to %s (adapter_model.safetensors, adapter_config.json)\n", c_.out.string().c_str());
   }
 }
@@ -415,18 +417,7 @@ int Run::execute() {
   st_.seed = c_.seed;
   metrics_ = std::make_unique<MetricsLog>(c_.out / "metrics.jsonl", st_.step);
   // The schedule's total must be the run's total (resume may have changed it via --max-steps).
-  {
-    OptimizerSettings os = adamw_->settings();
-    if (os.total_steps != st_.total_steps) {
-      os.total_steps = st_.total_steps;
-      os.warmup_steps = c_.warmup_for(st_.total_steps);
-      auto m = ctx_->download<float>(adamw_->m(), lora_->parameter_count());
-      auto v = ctx_->download<float>(adamw_->v(), lora_->parameter_count());
-      adamw_ = std::make_unique<AdamW>(*ctx_, *lora_, os);
-      ctx_->upload(adamw_->m(), m);
-      ctx_->upload(adamw_->v(), v);
-    }
-  }
+  adamw_->set_schedule_length(st_.total_steps, c_.warmup_for(st_.total_steps));
   std::printf("training %lld steps of %lld x %lld micro-batches of %lld tokens (warm-up %lld, %s schedule)\n",
               (long long)st_.total_steps, (long long)c_.grad_accum, (long long)c_.batch_size, (long long)c_.seq_len,
               (long long)adamw_->settings().warmup_steps, c_.lr_schedule.c_str());
