@@ -5,6 +5,13 @@
 //
 // One invocation per packed word: 8 consecutive elements in one block of 64, decoded with one
 // absmax lookup. The 2D grid (x * 65535 groups) reaches tensors beyond 65535 * 2048 elements.
+//
+// nf4_f16 writes fp16 instead (round to nearest even), for mixed precision: the layer's weight is
+// dequantised once into a scratch buffer that the dense cooperative-matrix GEMM then reads, which
+// runs several times faster than decoding inside the product's inner loop. count is a multiple
+// of 8 there (the host checks), so every invocation writes whole words.
+//! variant nf4
+//! variant nf4_f16 -DOUT_F16
 #extension GL_EXT_control_flow_attributes : require
 
 layout(local_size_x = 256) in;
@@ -24,7 +31,12 @@ float nf4_offset() { return pc.absmax_offset; }
 #define NF4_CODE8_BINDING 3
 #include "nf4_common.glsl"
 
+#ifdef OUT_F16
+#include "f16_round.glsl"
+layout(set = 0, binding = 4) writeonly buffer Out { uvec4 dst[]; };  // 8 halves per element
+#else
 layout(set = 0, binding = 4) writeonly buffer Out { float dst[]; };
+#endif
 
 void main() {
   const uint t = gl_WorkGroupID.y * pc.groups_x * 256u + gl_WorkGroupID.x * 256u + gl_LocalInvocationIndex;
@@ -33,6 +45,14 @@ void main() {
   const uint e0 = pc.first + local;
   float v[8];
   nf4_decode_word(e0 >> 3, nf4_block_absmax(e0 >> 6), v);
+#ifdef OUT_F16
+  uint u[4];
+  // rounded first (integer RNE), so packHalf2x16 converts exactly whatever its rounding mode
+  [[unroll]] for (uint i = 0; i < 4u; ++i)
+    u[i] = packHalf2x16(vec2(round_to_f16(v[2u * i]), round_to_f16(v[2u * i + 1u])));
+  dst[local >> 3] = uvec4(u[0], u[1], u[2], u[3]);
+#else
   [[unroll]] for (uint i = 0; i < 8u; ++i)
     if (local + i < pc.count) dst[local + i] = v[i];
+#endif
 }

@@ -106,6 +106,13 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
                                           2 * act * widest + 2 * 4 * chunk);
   plan.parts.push_back(
       {"scratch", scratch, "activation gradients, one vocabulary chunk of logits"});
+  if (s.nf4 && s.dense_weight_bytes == 2) {
+    // Mixed precision (16-bit dense weights) dequantises each NF4 projection to fp16 before its
+    // product, into one scratch of the largest projection (model/transformer.h, Nf4Products).
+    const std::uint64_t h = static_cast<std::uint64_t>(c.hidden_size);
+    const std::uint64_t largest = h * static_cast<std::uint64_t>(std::max({c.intermediate_size, c.q_dim()}));
+    plan.parts.push_back({"NF4 weight dequantised (fp16)", 2 * largest, "one projection at a time"});
+  }
   if (s.lora_dropout > 0) {
     // dropout(x) of one projection input at a time, fp32, in row chunks of at most [tokens, hidden]
     const std::uint64_t widest_in =

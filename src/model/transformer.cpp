@@ -71,6 +71,15 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   if (options.precision == Precision::fp32 && options.base_kernel != ops::GemmKernel::automatic &&
       options.base_kernel != ops::GemmKernel::scalar)
     throw std::logic_error("Transformer: fp32 precision runs the scalar kernels only");
+  using Nf4Products = TransformerOptions::Nf4Products;
+  const bool dequantize = options.precision == Precision::mixed && options.nf4_products != Nf4Products::fused;
+  if (dequantize) {
+    uint64_t largest = 0;
+    for (const BaseLayer& layer : base.layers)
+      for (const BaseLinear& lin : layer.linears)
+        if (lin.nf4) largest = std::max<uint64_t>(largest, uint64_t(lin.nf4->rows) * lin.nf4->cols);
+    if (largest > 0) nf4_scratch_ = alloc(largest * 2, "nf4 dequantised weight (fp16)");
+  }
   max_tokens_ = max_batch * max_seq;
   const uint64_t T = max_tokens_, H = c_.hidden_size, I = c_.intermediate_size, nh = c_.num_heads,
                  nkv = c_.num_kv_heads, d = c_.head_dim, r = lora.settings().rank;
@@ -147,17 +156,24 @@ void Transformer::upload_batch(const TokenBatch& b) {
   ctx_.upload(segments_, b.segments);
 }
 
+MatrixView Transformer::base_fp16(const BaseLinear& lin) {
+  if (!lin.nf4) return MatrixView{lin.dense, lin.dense_dtype, 0, lin.in};
+  // The scratch is reused by every product; the context orders this write after the previous
+  // product's reads (the bindings' access flags).
+  ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16);
+  return MatrixView{nf4_scratch_, DType::f16, 0, lin.in};
+}
+
 void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
                                  const gpu::Buffer& lora_t, bool accumulate) {
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
   const uint32_t T = tokens_;
   const float beta = accumulate ? 1.0f : 0.0f;
-  if (lin.nf4) {
+  if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {  // mixed: fp16 W, x rounded to fp16 as it is loaded
     ops::gemm(ctx_, GemmShape{T, lin.out, lin.in, false, true, 1.0f, beta}, MatrixView{x, DType::f32, 0, lin.in},
-              MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{y, DType::f32, 0, lin.out},
-              options_.base_kernel);
+              base_fp16(lin), MatrixView{y, DType::f32, 0, lin.out}, options_.base_kernel);
   }
   if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
   if (const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind)) {
@@ -175,12 +191,11 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   const uint32_t T = tokens_;
   const float beta = accumulate_dx ? 1.0f : 0.0f;
   // dx (=|+=) dy W
-  if (lin.nf4) {
+  if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_dyw(ctx_, dy, *lin.nf4, dx, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {
     ops::gemm(ctx_, GemmShape{T, lin.in, lin.out, false, false, 1.0f, beta}, MatrixView{dy, DType::f32, 0, lin.out},
-              MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{dx, DType::f32, 0, lin.in},
-              options_.base_kernel);
+              base_fp16(lin), MatrixView{dx, DType::f32, 0, lin.in}, options_.base_kernel);
   }
   const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind);
   if (!s) return;

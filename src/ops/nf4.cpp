@@ -191,20 +191,24 @@ void free_nf4(gpu::Context& ctx, Nf4Weight& w) {
   w = Nf4Weight{};
 }
 
-void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out) {
+void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out, DType out_dtype) {
   check_weight(w, "nf4_dequantize");
   const uint64_t n = uint64_t(w.rows) * w.cols;
-  if (out.size < n * 4) throw std::logic_error("nf4_dequantize: output buffer smaller than rows x cols fp32");
+  const uint64_t es = dtype_bytes(out_dtype);
+  if (out.size < n * es) throw std::logic_error("nf4_dequantize: output buffer smaller than rows x cols elements");
+  if (out_dtype == DType::f16 && n % 8 != 0)
+    throw std::logic_error("nf4_dequantize: fp16 output needs rows x cols to be a multiple of 8");
   // Elements per dispatch: within the binding limit, a multiple of 8 (one packed word per
   // invocation) and of the offset alignment.
-  const uint64_t step = std::max<uint64_t>(8, offset_alignment(ctx) / 4);
-  const uint64_t chunk = ctx.info().max_storage_buffer_range / 4 / step * step;
+  const uint64_t step = std::max<uint64_t>(8, offset_alignment(ctx) / es);
+  const uint64_t chunk = ctx.info().max_storage_buffer_range / es / step * step;
   std::vector<gpu::Binding> bindings = weight_bindings(w);
   bindings.resize(5);
-  const auto& p = ctx.pipelines().get("nf4", 5, sizeof(DequantPush), {w.double_quant ? 1u : 0u});
+  const char* name = out_dtype == DType::f16 ? "nf4_f16" : "nf4";
+  const auto& p = ctx.pipelines().get(name, 5, sizeof(DequantPush), {w.double_quant ? 1u : 0u});
   for (uint64_t first = 0; first < n; first += chunk) {
     const uint64_t count = std::min(chunk, n - first);
-    bindings[4] = {out.slice(first * 4, count * 4), gpu::Access::write};
+    bindings[4] = {out.slice(first * es, count * es), gpu::Access::write};
     const uint64_t groups = (count + 8 * 256 - 1) / (8 * 256);
     const uint32_t gx = static_cast<uint32_t>(std::min<uint64_t>(groups, 65535));
     const uint32_t gy = static_cast<uint32_t>((groups + gx - 1) / gx);

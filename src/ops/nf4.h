@@ -1,6 +1,8 @@
 // NF4 on the GPU: the frozen base weights of QLoRA, uploaded packed (model/nf4.h gives the
-// layout), and the fused products that dequantise tiles of W while loading them, so that no
-// dequantised copy of a whole weight exists anywhere (kernels/nf4.comp, nf4_gemm*.comp).
+// layout), the fused products that dequantise tiles of W while loading them, so that no
+// dequantised copy of a whole weight exists (kernels/nf4_gemm*.comp), and the dequantisation
+// of a whole weight to fp32 or fp16 (kernels/nf4.comp; mixed-precision training dequantises one
+// projection at a time to fp16 and runs the dense GEMM, model/transformer.h).
 //
 // For a projection weight W [rows = out_features, cols = in_features]:
 //   forward         y  [M, rows] = alpha * x  [M, cols] · W^T + beta * y    nf4_gemm_xwt
@@ -38,9 +40,11 @@ struct Nf4Weight {
 Nf4Weight upload_nf4(gpu::Context& ctx, const model::Nf4Tensor& t);
 void free_nf4(gpu::Context& ctx, Nf4Weight& w);
 
-// out fp32 [rows, cols] = dequant(W), bit-identical to model::nf4_dequantize (tests, merges).
+// out [rows, cols] = dequant(W): fp32 bit-identical to model::nf4_dequantize (tests, merges), or
+// fp16 rounded to nearest even (mixed precision dequantises a layer's weight into a scratch
+// buffer and multiplies with the dense cooperative-matrix GEMM; rows x cols a multiple of 8).
 // Outputs beyond the binding limit are written in several dispatches.
-void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out);
+void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out, DType out_dtype = DType::f32);
 
 // The kernel `automatic` resolves to on this device for `operands`: scalar for f32; coopmat, or
 // scalar (rounding to fp16) where there is none, for f16.

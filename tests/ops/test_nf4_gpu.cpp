@@ -183,6 +183,43 @@ TEST_F(Nf4GpuTest, DequantizeMatchesCpuExactly) {
   }
 }
 
+// The fp16 dequantisation (mixed precision's scratch weight) is the CPU dequantisation rounded
+// to nearest even, and writes nothing past rows x cols.
+TEST_F(Nf4GpuTest, DequantizeToF16IsTheCpuValueRounded) {
+  const uint32_t shapes[][2] = {{96, 72}, {3, 1000}, {300, 100}, {256, 1100}, {1, 8}};
+  for (bool dq : {false, true})
+    for (const auto& shape : shapes) {
+      const uint32_t rows = shape[0], cols = shape[1];
+      SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + (dq ? " double quant" : ""));
+      const model::Nf4Tensor t = model::nf4_quantize(random_weight(rows, cols, 3), {rows, cols}, {dq, 0});
+      const std::vector<float> want = model::nf4_dequantize(t);
+      ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
+      const uint16_t sentinel = 0x7e00;  // a NaN no value rounds to
+      std::vector<uint16_t> init(want.size() + 16, sentinel);
+      gpu::Buffer out = ctx().alloc(init.size() * 2);
+      ctx().upload(out, init);
+      ops::nf4_dequantize(ctx(), gw, out, DType::f16);
+      const std::vector<uint16_t> got = ctx().download<uint16_t>(out, init.size());
+      ops::free_nf4(ctx(), gw);
+      ctx().free(out);
+      size_t bad = 0;
+      for (size_t e = 0; e < got.size(); ++e) {
+        const uint16_t expect = e < want.size() ? io::float_to_f16(want[e]) : sentinel;
+        if (got[e] != expect && bad++ < 5) ADD_FAILURE() << "element " << e << ": " << got[e] << ", want " << expect;
+      }
+      EXPECT_EQ(bad, 0u);
+    }
+}
+
+TEST_F(Nf4GpuTest, DequantizeToF16RejectsSizesNotAMultipleOf8) {
+  const model::Nf4Tensor t = model::nf4_quantize(random_weight(7, 9, 1), {7, 9}, {false, 0});
+  ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
+  gpu::Buffer out = ctx().alloc(256);
+  EXPECT_THROW(ops::nf4_dequantize(ctx(), gw, out, DType::f16), std::logic_error);
+  ops::free_nf4(ctx(), gw);
+  ctx().free(out);
+}
+
 // Outputs larger than the binding limit are written in several dispatches. Only where the limit
 // is small enough to exceed cheaply (lavapipe: 128 MiB).
 TEST_F(Nf4GpuTest, DequantizeSplitsOutputsLargerThanTheBindingLimit) {

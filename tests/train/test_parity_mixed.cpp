@@ -4,11 +4,12 @@
 // losses of 20 AdamW steps and every step-0 LoRA gradient must be within 1e-2 relative; the
 // measured differences are printed ([parity] lines).
 //
-// On a device without cooperative matrices (lavapipe) automatic runs the fp16 scalar kernels;
-// Qwen3Nf4_Emulated runs the NF4 cooperative-matrix kernel's emulation, the code path a
-// cooperative-matrix device takes with automatic (the emulation is slow on lavapipe, so the
-// dense coopmat path, gemm_nvcm_af32, is covered by its op test only; on an NVIDIA GPU
-// automatic runs the real kernels in every case).
+// NF4 runs go through automatic's dequantise-to-fp16-then-dense-GEMM path, except Qwen3Nf4Fused
+// and Qwen3Nf4_Emulated, which run the fused NF4 kernels (decode inside the product): the fp16
+// scalar one, and the cooperative-matrix one's emulation (slow on lavapipe). On a device without
+// cooperative matrices automatic runs the fp16 scalar kernels; on an NVIDIA GPU the real
+// cooperative-matrix kernels (the dense one, gemm_nvcm_af32, is covered on lavapipe by its op
+// test's emulation).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -23,12 +24,14 @@ namespace {
 
 constexpr double kMixedTolerance = 1e-2;
 
-ParityRun mixed(const std::string& name, model::BaseQuant quant, ops::GemmKernel kernel, bool checkpointing) {
+ParityRun mixed(const std::string& name, model::BaseQuant quant, ops::GemmKernel kernel, bool checkpointing,
+                model::TransformerOptions::Nf4Products nf4 = model::TransformerOptions::Nf4Products::automatic) {
   ParityRun r;
   r.name = name;
   r.quant = quant;
   r.options.precision = model::Precision::mixed;
   r.options.base_kernel = kernel;
+  r.options.nf4_products = nf4;
   r.checkpointing = checkpointing;
   r.tol = kMixedTolerance;
   return r;
@@ -48,8 +51,15 @@ TEST_F(ParityMixed, Qwen3Nf4) {
   run_parity(ctx(), mixed("qwen3-gqa-bf16", model::BaseQuant::nf4, ops::GemmKernel::automatic, true));
 }
 
+// The fused NF4 products (decode inside the GEMM) instead of automatic's dequantise-then-GEMM.
+TEST_F(ParityMixed, Qwen3Nf4Fused) {
+  run_parity(ctx(), mixed("qwen3-gqa-bf16", model::BaseQuant::nf4, ops::GemmKernel::automatic, true,
+                          model::TransformerOptions::Nf4Products::fused));
+}
+
 TEST_F(ParityMixed, Qwen3Nf4_Emulated) {
-  run_parity(ctx(), mixed("qwen3-gqa-bf16", model::BaseQuant::nf4, ops::GemmKernel::coopmat_emulated, false));
+  run_parity(ctx(), mixed("qwen3-gqa-bf16", model::BaseQuant::nf4, ops::GemmKernel::coopmat_emulated, false,
+                          model::TransformerOptions::Nf4Products::fused));
 }
 
 // The reference precision refuses fp16 base weights, and mixed refuses fp32 ones: the
