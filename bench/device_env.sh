@@ -1,6 +1,8 @@
 # Sourced at the start of a command on the GPU machine (the `device` tool): unpacks the Vulkan
-# loader and validation layers carried in .gl/ (see docs/benchmarks.md) and points the loader at
-# NVIDIA's driver, which that image keeps outside the loader's default search paths.
+# loader and the GL vendor-neutral libraries carried in .gl/ (see docs/benchmarks.md; NVIDIA's
+# Vulkan driver needs libGLX/libEGL from glvnd on some images, without them vkCreateInstance
+# finds no driver) and points the loader at NVIDIA's driver, which that image keeps outside the
+# loader's default search paths.
 for f in .gl/*.deb; do dpkg -x "$f" / ; done
 ldconfig
 if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then

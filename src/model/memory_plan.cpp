@@ -2,6 +2,7 @@
 // the hand-written backward of one decoder layer (docs/formats.md §1.3): what each op's backward
 // reads must have been kept from the forward pass.
 #include "model/memory_plan.h"
+#include "ops/attention_gemm.h"
 
 #include <algorithm>
 #include <string>
@@ -112,6 +113,14 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
     const std::uint64_t h = static_cast<std::uint64_t>(c.hidden_size);
     const std::uint64_t largest = h * static_cast<std::uint64_t>(std::max({c.intermediate_size, c.q_dim()}));
     plan.parts.push_back({"NF4 weight dequantised (fp16)", 2 * largest, "one projection at a time"});
+  }
+  if (s.dense_weight_bytes == 2) {
+    // Mixed precision runs attention through the GEMM kernels (ops/attention_gemm.h): fp16
+    // copies of one sequence's q, k, v, dout, its dk/dv per query head, one chunk of scores.
+    const auto nh = static_cast<std::uint32_t>(c.num_heads), seq = static_cast<std::uint32_t>(s.seq_len);
+    const std::uint32_t rows = ops::attention_gemm_chunk_rows(seq, nh, {}, UINT64_MAX);
+    plan.parts.push_back({"attention scratch", ops::attention_gemm_scratch_bytes(seq, nh, static_cast<std::uint32_t>(c.head_dim), rows),
+                          "one sequence, " + std::to_string(rows) + "-query chunks of scores"});
   }
   if (s.lora_dropout > 0) {
     // dropout(x) of one projection input at a time, fp32, in row chunks of at most [tokens, hidden]

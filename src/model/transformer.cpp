@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ops/attention.h"
+#include "ops/attention_gemm.h"
 #include "ops/cross_entropy.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
@@ -71,6 +72,10 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   if (options.precision == Precision::fp32 && options.base_kernel != ops::GemmKernel::automatic &&
       options.base_kernel != ops::GemmKernel::scalar)
     throw std::logic_error("Transformer: fp32 precision runs the scalar kernels only");
+  using Attention = TransformerOptions::Attention;
+  if (options.precision == Precision::fp32 && options.attention == Attention::gemm)
+    throw std::logic_error("Transformer: attention through the GEMM kernels is for mixed precision only");
+  attention_gemm_ = options.precision == Precision::mixed && options.attention != Attention::tiled;
   using Nf4Products = TransformerOptions::Nf4Products;
   const bool dequantize = options.precision == Precision::mixed && options.nf4_products != Nf4Products::fused;
   if (dequantize) {
@@ -287,8 +292,12 @@ void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a,
   linear_forward(i, LinearKind::V, a.h1, a.v, t(LinearKind::V), false);
   ops::rope_forward(ctx_, a.q, positions_, base_.inv_freq, T, nh, d);
   ops::rope_forward(ctx_, a.k, positions_, base_.inv_freq, T, nkv, d);
-  ops::attention_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d,
-                         static_cast<float>(1.0 / std::sqrt(double(d))));
+  const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
+  if (attention_gemm_)
+    ops::attention_gemm_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d, scale,
+                                {options_.base_kernel});
+  else
+    ops::attention_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d, scale);
   ctx_.copy(x_in.slice(0, uint64_t(T) * H * 4), a.x2.slice(0, uint64_t(T) * H * 4));
   linear_forward(i, LinearKind::O, a.att, a.x2, t(LinearKind::O), true);  // x2 = x + o_proj(att)
 
@@ -322,8 +331,13 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
 
   // Attention: x2 = x + o_proj(att)
   linear_backward(i, LinearKind::O, a.att, t(LinearKind::O), dx, g.datt, false);
-  ops::attention_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_, nh,
-                          nkv, d, static_cast<float>(1.0 / std::sqrt(double(d))));
+  const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
+  if (attention_gemm_)
+    ops::attention_gemm_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_,
+                                 nh, nkv, d, scale, {options_.base_kernel});
+  else
+    ops::attention_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_, nh,
+                            nkv, d, scale);
   ops::rope_backward(ctx_, g.dq, positions_, base_.inv_freq, T, nh, d);
   ops::rope_backward(ctx_, g.dk, positions_, base_.inv_freq, T, nkv, d);
   gpu::Buffer dq = g.dq, dk = g.dk;

@@ -40,6 +40,11 @@ struct TransformerOptions {
   // memory-starved devices). automatic: dequantized. fp32 always runs the fused scalar kernel.
   enum class Nf4Products { automatic, fused, dequantized };
   Nf4Products nf4_products = Nf4Products::automatic;
+  // Attention's implementation. tiled: the fp32 flash-style kernels (ops/attention.h). gemm: the
+  // products through the GEMM kernels with fp16 operands, in query chunks (ops/attention_gemm.h),
+  // with base_kernel; mixed only. automatic: gemm in mixed, tiled in fp32.
+  enum class Attention { automatic, tiled, gemm };
+  Attention attention = Attention::automatic;
 };
 
 // One micro-batch, host side: B sequences of S tokens, row-major [B, S].
@@ -106,6 +111,7 @@ class Transformer {
   bool checkpointing_ = false;
   TransformerOptions options_;
   ops::DType base_operands_ = ops::DType::f32;  // the operand precision of the NF4 products
+  bool attention_gemm_ = false;  // attention through ops/attention_gemm.h (TransformerOptions::attention)
   gpu::Buffer nf4_scratch_;  // fp16 dequantised weight (TransformerOptions::Nf4Products::dequantized)
   float lora_grad_scale_ = 1.0f;                 // factor of the LoRA gradient products (run)
   uint64_t activation_bytes_ = 0;

@@ -1,8 +1,14 @@
-// Causal GQA attention (ops/attention.h) against the double-precision reference
+// Causal GQA attention, the fp32 tiled kernels (ops/attention.h) and the mixed-precision path
+// through the GEMM kernels (ops/attention_gemm.h), against the double-precision reference
 // (ops/ref/attention_ref.h): forward output and lse, backward dq/dk/dv, on awkward shapes (S not
 // a multiple of the tiles, head_dim 6 to 128, GQA ratios 3 and 2), with plain causal masks and
 // with packed segments that include padding rows. Sentinels after every output catch writes past
 // the end; outputs start as NaN so a row the kernel forgets to write fails.
+//
+// The GEMM path rounds q, k, v and dout to fp16 where they enter a product; its reference gets
+// the same rounded inputs, so what remains is the fp16 rounding of P and dS (relative 2^-11)
+// and fp32 accumulation, and the tolerance can stay tight enough that a masking or chunking
+// error (differences of order 1) cannot pass.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +21,9 @@
 #include <random>
 #include <string>
 
+#include "io/float16.h"
 #include "ops/attention.h"
+#include "ops/attention_gemm.h"
 #include "ops/ref/attention_ref.h"
 #include "support/gpu_fixture.h"
 
@@ -32,6 +40,19 @@ struct Shape {
            std::to_string(nkv) + " d" + std::to_string(d);
   }
 };
+
+// Which implementation runs: the tiled fp32 kernels or the GEMM path with a product kernel and
+// a chunk size (0 = from the default budget: one chunk for these small shapes).
+struct Impl {
+  bool gemm = false;
+  ops::GemmKernel kernel = ops::GemmKernel::automatic;
+  uint32_t chunk_rows = 0;
+  std::string name() const {
+    return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) : "tiled";
+  }
+};
+
+float round_f16(float x) { return io::f16_to_float(io::float_to_f16(x)); }
 
 class AttentionTest : public GpuTest {
  protected:
@@ -83,8 +104,24 @@ class AttentionTest : public GpuTest {
   }
 
   // Runs forward and backward on the GPU and the reference and compares everything.
-  void check(const Shape& s, const std::vector<int32_t>& seg) {
-    SCOPED_TRACE(s.name());
+  void forward(const Impl& impl, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
+               const gpu::Buffer& seg, const gpu::Buffer& out, const gpu::Buffer& lse, const Shape& s, float scale) {
+    if (!impl.gemm) return ops::attention_forward(ctx(), q, k, v, seg, out, lse, s.batch, s.seq, s.nh, s.nkv, s.d, scale);
+    ops::attention_gemm_forward(ctx(), q, k, v, seg, out, lse, s.batch, s.seq, s.nh, s.nkv, s.d, scale,
+                                {impl.kernel, impl.chunk_rows});
+  }
+  void backward(const Impl& impl, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
+                const gpu::Buffer& seg, const gpu::Buffer& out, const gpu::Buffer& lse, const gpu::Buffer& dout,
+                const gpu::Buffer& dq, const gpu::Buffer& dk, const gpu::Buffer& dv, const Shape& s, float scale) {
+    if (!impl.gemm)
+      return ops::attention_backward(ctx(), q, k, v, seg, out, lse, dout, dq, dk, dv, s.batch, s.seq, s.nh, s.nkv,
+                                     s.d, scale);
+    ops::attention_gemm_backward(ctx(), q, k, v, seg, out, lse, dout, dq, dk, dv, s.batch, s.seq, s.nh, s.nkv, s.d,
+                                 scale, {impl.kernel, impl.chunk_rows});
+  }
+
+  void check(const Shape& s, const std::vector<int32_t>& seg, const Impl& impl = {}) {
+    SCOPED_TRACE(s.name() + " " + impl.name());
     const size_t nq = size_t(s.batch) * s.seq * s.nh * s.d, nkv = size_t(s.batch) * s.seq * s.nkv * s.d;
     const size_t nstat = size_t(s.batch) * s.seq * s.nh;
     const float scale = 1.0f / std::sqrt(float(s.d));
@@ -94,10 +131,12 @@ class AttentionTest : public GpuTest {
 
     auto gq = upload(q), gk = upload(k), gv = upload(v), gseg = upload(seg), gdo = upload(dout);
     auto gout = output(nq), glse = output(nstat), gdq = output(nq), gdk = output(nkv), gdv = output(nkv);
-    ops::attention_forward(ctx(), gq, gk, gv, gseg, gout, glse, s.batch, s.seq, s.nh, s.nkv, s.d, scale);
-    ops::attention_backward(ctx(), gq, gk, gv, gseg, gout, glse, gdo, gdq, gdk, gdv, s.batch, s.seq, s.nh, s.nkv, s.d,
-                            scale);
+    forward(impl, gq, gk, gv, gseg, gout, glse, s, scale);
+    backward(impl, gq, gk, gv, gseg, gout, glse, gdo, gdq, gdk, gdv, s, scale);
 
+    if (impl.gemm)
+      for (auto* x : {&q, &k, &v, &dout})
+        for (float& e : *x) e = round_f16(e);
     std::vector<double> qd(q.begin(), q.end()), kd(k.begin(), k.end()), vd(v.begin(), v.end());
     std::vector<double> dod(dout.begin(), dout.end());
     std::vector<double> out(nq), lse(nstat), dq(nq), dk(nkv), dv(nkv);
@@ -112,11 +151,13 @@ class AttentionTest : public GpuTest {
         for (uint32_t h = 0; h < s.nh; ++h)
           lse_t[(size_t(b) * s.nh + h) * s.seq + i] = lse[(size_t(b) * s.seq + i) * s.nh + h];
 
-    expect_close("out", result(gout, nq), out, 2e-5);
-    expect_close("lse", result(glse, nstat), lse_t, 2e-5);
-    expect_close("dq", result(gdq, nq), dq, 1e-4);
-    expect_close("dk", result(gdk, nkv), dk, 1e-4);
-    expect_close("dv", result(gdv, nkv), dv, 1e-4);
+    // Only the GEMM path's P and dS roundings (2^-11 relative) separate it from its reference.
+    const double tol_out = impl.gemm ? 2e-3 : 2e-5, tol_grad = impl.gemm ? 4e-3 : 1e-4;
+    expect_close("out", result(gout, nq), out, tol_out);
+    expect_close("lse", result(glse, nstat), lse_t, impl.gemm ? 1e-5 : 2e-5);
+    expect_close("dq", result(gdq, nq), dq, tol_grad);
+    expect_close("dk", result(gdk, nkv), dk, tol_grad);
+    expect_close("dv", result(gdv, nkv), dv, tol_grad);
   }
 
   std::mt19937 rng_{7};
@@ -156,15 +197,55 @@ TEST_F(AttentionTest, PackedSegmentsWithPaddingMatchReference) {
   for (const Shape& s : kShapes) check(s, packed_segments(s, rng_));
 }
 
+// The GEMM path with the device's own product kernel and with the emulated matrix-core kernel,
+// in one chunk and in several (16 rows: whole tiles; 5 rows: a ragged last chunk and key counts
+// that are not multiples of 8).
+const Impl kGemmImpls[] = {{true, ops::GemmKernel::automatic, 0},
+                           {true, ops::GemmKernel::automatic, 5},
+                           {true, ops::GemmKernel::coopmat_emulated, 16},
+                           {true, ops::GemmKernel::coopmat_emulated, 0}};
+
+TEST_F(AttentionTest, GemmPathCausalMatchesReference) {
+  for (const Impl& impl : kGemmImpls)
+    for (const Shape& s : kShapes) check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), impl);
+}
+
+TEST_F(AttentionTest, GemmPathPackedSegmentsMatchReference) {
+  for (const Impl& impl : kGemmImpls)
+    for (const Shape& s : kShapes) check(s, packed_segments(s, rng_), impl);
+}
+
+TEST_F(AttentionTest, GemmPathChunkRowsFollowTheBudget) {
+  ops::AttentionGemmOptions o;
+  o.scratch_budget = 32ull * 1000 * 4 * 100;  // 100 rows of 32 heads x 1000 keys
+  EXPECT_EQ(ops::attention_gemm_chunk_rows(ctx(), 1000, 32, o), 96u);  // whole 16-row tiles
+  o.scratch_budget = 32ull * 1000 * 4 * 7;
+  EXPECT_EQ(ops::attention_gemm_chunk_rows(ctx(), 1000, 32, o), 7u);
+  o.scratch_budget = 1;
+  EXPECT_EQ(ops::attention_gemm_chunk_rows(ctx(), 1000, 32, o), 1u);
+  o.scratch_budget = 1ull << 30;
+  EXPECT_EQ(ops::attention_gemm_chunk_rows(ctx(), 100, 32, o), 100u);
+  o.chunk_rows = 40;
+  EXPECT_EQ(ops::attention_gemm_chunk_rows(ctx(), 100, 32, o), 40u);
+}
+
 TEST_F(AttentionTest, AllPaddingGivesZeros) {
   const Shape s{1, 9, 2, 1, 8};
   const size_t nq = size_t(s.seq) * s.nh * s.d;
-  auto gq = upload(random(nq)), gk = upload(random(nq / 2)), gv = upload(random(nq / 2));
-  auto gseg = upload(std::vector<int32_t>(s.seq, 0));
-  auto gout = output(nq), glse = output(size_t(s.seq) * s.nh);
-  ops::attention_forward(ctx(), gq, gk, gv, gseg, gout, glse, s.batch, s.seq, s.nh, s.nkv, s.d, 0.35f);
-  for (float x : result(gout, nq)) EXPECT_EQ(x, 0.0f);
-  for (float x : result(glse, size_t(s.seq) * s.nh)) EXPECT_EQ(x, -std::numeric_limits<float>::infinity());
+  for (const Impl& impl : {Impl{}, kGemmImpls[0]}) {
+    SCOPED_TRACE(impl.name());
+    auto gq = upload(random(nq)), gk = upload(random(nq / 2)), gv = upload(random(nq / 2));
+    auto gseg = upload(std::vector<int32_t>(s.seq, 0));
+    auto gout = output(nq), glse = output(size_t(s.seq) * s.nh);
+    auto gdq = output(nq), gdk = output(nq / 2), gdv = output(nq / 2);
+    forward(impl, gq, gk, gv, gseg, gout, glse, s, 0.35f);
+    backward(impl, gq, gk, gv, gseg, gout, glse, upload(random(nq)), gdq, gdk, gdv, s, 0.35f);
+    for (float x : result(gout, nq)) EXPECT_EQ(x, 0.0f);
+    for (float x : result(glse, size_t(s.seq) * s.nh)) EXPECT_EQ(x, -std::numeric_limits<float>::infinity());
+    for (float x : result(gdq, nq)) EXPECT_EQ(x, 0.0f);
+    for (float x : result(gdk, nq / 2)) EXPECT_EQ(x, 0.0f);
+    for (float x : result(gdv, nq / 2)) EXPECT_EQ(x, 0.0f);
+  }
 }
 
 TEST_F(AttentionTest, RejectsBadShapes) {
@@ -184,19 +265,21 @@ TEST_F(AttentionTest, DISABLED_BenchQwen3Shape) {
   auto gout = output(nq), glse = output(nstat), gdq = output(nq), gdk = output(nkv), gdv = output(nkv);
   const float scale = 1.0f / std::sqrt(float(s.d));
   const double causal_flops = 2.0 * s.nh * (0.5 * s.seq * (s.seq + 1.0)) * s.d;
-  for (int pass = 0; pass < 3; ++pass) {
-    auto t0 = std::chrono::steady_clock::now();
-    ops::attention_forward(ctx(), gq, gk, gv, gseg, gout, glse, s.batch, s.seq, s.nh, s.nkv, s.d, scale);
-    ctx().finish();
-    auto t1 = std::chrono::steady_clock::now();
-    ops::attention_backward(ctx(), gq, gk, gv, gseg, gout, glse, gdo, gdq, gdk, gdv, s.batch, s.seq, s.nh, s.nkv, s.d,
-                            scale);
-    ctx().finish();
-    auto t2 = std::chrono::steady_clock::now();
-    const double f = std::chrono::duration<double>(t1 - t0).count(), b = std::chrono::duration<double>(t2 - t1).count();
-    std::fprintf(stderr, "attention %s: forward %.2f ms (%.1f TFLOP/s), backward %.2f ms (%.1f TFLOP/s)\n",
-                 s.name().c_str(), f * 1e3, 2 * causal_flops / f * 1e-12, b * 1e3, 5 * causal_flops / b * 1e-12);
-  }
+  for (const Impl& impl : {Impl{}, kGemmImpls[0]})
+    for (int pass = 0; pass < 3; ++pass) {
+      auto t0 = std::chrono::steady_clock::now();
+      forward(impl, gq, gk, gv, gseg, gout, glse, s, scale);
+      ctx().finish();
+      auto t1 = std::chrono::steady_clock::now();
+      backward(impl, gq, gk, gv, gseg, gout, glse, gdo, gdq, gdk, gdv, s, scale);
+      ctx().finish();
+      auto t2 = std::chrono::steady_clock::now();
+      const double f = std::chrono::duration<double>(t1 - t0).count(),
+                   b = std::chrono::duration<double>(t2 - t1).count();
+      std::fprintf(stderr, "attention %s %s: forward %.2f ms (%.1f TFLOP/s), backward %.2f ms (%.1f TFLOP/s)\n",
+                   impl.name().c_str(), s.name().c_str(), f * 1e3, 2 * causal_flops / f * 1e-12, b * 1e3,
+                   5 * causal_flops / b * 1e-12);
+    }
 }
 
 }  // namespace

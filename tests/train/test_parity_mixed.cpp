@@ -4,6 +4,8 @@
 // losses of 20 AdamW steps and every step-0 LoRA gradient must be within 1e-2 relative; the
 // measured differences are printed ([parity] lines).
 //
+// Attention runs through the GEMM kernels in chunks (ops/attention_gemm.h, automatic in mixed),
+// except in Qwen3TiledAttention, which keeps the fp32 tiled kernels.
 // NF4 runs go through automatic's dequantise-to-fp16-then-dense-GEMM path, except Qwen3Nf4Fused
 // and Qwen3Nf4_Emulated, which run the fused NF4 kernels (decode inside the product): the fp16
 // scalar one, and the cooperative-matrix one's emulation (slow on lavapipe). On a device without
@@ -55,6 +57,13 @@ TEST_F(ParityMixed, Qwen3Nf4) {
 TEST_F(ParityMixed, Qwen3Nf4Fused) {
   run_parity(ctx(), mixed("qwen3-gqa-bf16", model::BaseQuant::nf4, ops::GemmKernel::automatic, true,
                           model::TransformerOptions::Nf4Products::fused));
+}
+
+// Mixed products with the fp32 tiled attention kernels (TransformerOptions::Attention::tiled).
+TEST_F(ParityMixed, Qwen3TiledAttention) {
+  ParityRun r = mixed("qwen3-gqa-bf16", model::BaseQuant::none, ops::GemmKernel::automatic, false);
+  r.options.attention = model::TransformerOptions::Attention::tiled;
+  run_parity(ctx(), r);
 }
 
 TEST_F(ParityMixed, Qwen3Nf4_Emulated) {

@@ -1,0 +1,285 @@
+#include "ops/attention_gemm.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "ops/chunking.h"
+
+namespace forja::ops {
+
+namespace {
+
+// Must match the PC blocks of kernels/attention_gemm.comp.
+struct PackPush {
+  uint32_t seq, n_src, rep, head_dim;
+  uint32_t src_off, dst_off;
+  uint32_t count;
+};
+struct RowPush {
+  uint32_t c0, keys, ldp, rows;
+  uint32_t seq, n_heads, head_dim;
+  float scale;
+  uint32_t seg_off, lse_off, out_off, dout_off;
+};
+
+constexpr uint32_t kThreads = 128;  // local_size_x of the kernels
+constexpr uint32_t kMaxGroups = 65535;
+
+uint32_t round_up8(uint32_t n) { return (n + 7u) / 8u * 8u; }
+
+struct Dims {
+  uint32_t batch, seq, nh, nkv, d;
+  uint32_t rep() const { return nh / nkv; }
+  uint64_t q_seq() const { return uint64_t(seq) * nh * d; }   // q-like elements per sequence
+  uint64_t kv_seq() const { return uint64_t(seq) * nkv * d; }  // kv-like elements per sequence
+  uint64_t heads_seq() const { return uint64_t(nh) * seq * d; }  // [nh, S, d] per sequence
+};
+
+void check(const gpu::Context& ctx, const char* op, const Dims& m, const AttentionGemmOptions& o) {
+  if (m.nh == 0 || m.nkv == 0 || m.nh % m.nkv != 0)
+    throw std::invalid_argument(std::string(op) + ": n_heads (" + std::to_string(m.nh) +
+                                ") must be a positive multiple of n_kv_heads (" + std::to_string(m.nkv) + ")");
+  if (m.d == 0) throw std::invalid_argument(std::string(op) + ": head_dim is 0");
+  const uint64_t usable = usable_binding_bytes(ctx);
+  const uint64_t chunk = attention_gemm_chunk_rows(ctx, m.seq, m.nh, o);
+  if (m.heads_seq() * 4 > usable || uint64_t(m.nh) * chunk * round_up8(m.seq) * 4 > usable)
+    throw std::invalid_argument(std::string(op) + ": one sequence of " + std::to_string(m.seq) +
+                                " tokens needs bindings beyond the device's maxStorageBufferRange; lower the "
+                                "sequence length or use --precision fp32");
+}
+
+void check_size(const char* op, const char* name, const gpu::Buffer& b, uint64_t elements) {
+  if (b.size < elements * 4)
+    throw std::invalid_argument(std::string(op) + ": buffer '" + name + "' has " + std::to_string(b.size) +
+                                " bytes, the shape needs " + std::to_string(elements * 4));
+}
+
+uint32_t grid(uint64_t items) {
+  return static_cast<uint32_t>(std::clamp<uint64_t>((items + kThreads - 1) / kThreads, 1, kMaxGroups));
+}
+
+// fp16 [n_src * rep, S, d] copy of one sequence of src (fp32 [B*S, n_src, d]).
+void pack(gpu::Context& ctx, const gpu::Buffer& src, uint32_t b, uint32_t n_src, uint32_t rep, const Dims& m,
+          const gpu::Buffer& dst) {
+  const uint64_t per_seq = uint64_t(m.seq) * n_src * m.d;
+  const uint64_t halves = per_seq * rep;
+  const Bound bs = bind_elements(ctx, src, b * per_seq, per_seq);
+  const Bound bd = bind_elements(ctx, dst, 0, (halves + 1) / 2);
+  const uint32_t pairs = static_cast<uint32_t>((halves + 1) / 2);
+  const PackPush push{m.seq, n_src, rep, m.d, bs.offset, 2 * bd.offset, pairs};
+  ctx.dispatch(ctx.pipelines().get("attn_gemm_pack", 2, sizeof(PackPush)),
+               {{bs.buffer, gpu::Access::read}, {bd.buffer, gpu::Access::write}}, push, grid(pairs), 1, 1,
+               "attention_gemm_pack");
+}
+
+// dst (fp32 [B*S, nkv, d], sequence b) = the sum over each kv head's query heads of src [nh, S, d].
+void sum_heads(gpu::Context& ctx, const gpu::Buffer& src, uint32_t b, const Dims& m, const gpu::Buffer& dst) {
+  const Bound bs = bind_elements(ctx, src, 0, m.heads_seq());
+  const Bound bd = bind_elements(ctx, dst, b * m.kv_seq(), m.kv_seq());
+  const uint32_t count = static_cast<uint32_t>(m.kv_seq());
+  const PackPush push{m.seq, m.nkv, m.rep(), m.d, bs.offset, bd.offset, count};
+  ctx.dispatch(ctx.pipelines().get("attn_gemm_sum_heads", 2, sizeof(PackPush)),
+               {{bs.buffer, gpu::Access::read}, {bd.buffer, gpu::Access::write}}, push, grid(count), 1, 1,
+               "attention_gemm_sum_heads");
+}
+
+gpu::Buffer alloc_f16(gpu::Context& ctx, uint64_t halves, const char* what) {
+  return ctx.alloc((halves + 7) / 8 * 16, what);
+}
+
+// One query chunk: rows [c0, c0 + rows) of a sequence against keys [0, keys), keys = c0 + rows.
+struct Chunk {
+  uint32_t c0, rows, keys, ldp;
+};
+
+// scores [nh, rows, ldp] = scale * q_chunk k^T, per query head.
+void scores_product(gpu::Context& ctx, const gpu::Buffer& q, uint32_t b, const gpu::Buffer& k16, const Dims& m,
+                    const Chunk& c, float scale, const gpu::Buffer& scores, GemmKernel kernel) {
+  GemmShape s;
+  s.m = c.rows, s.n = c.keys, s.k = m.d, s.trans_b = true, s.alpha = scale;
+  s.batch = m.nh, s.a_stride = m.d, s.b_stride = uint64_t(m.seq) * m.d, s.c_stride = uint64_t(c.rows) * c.ldp;
+  gemm(ctx, s, {q, DType::f32, (uint64_t(b) * m.seq + c.c0) * m.nh * m.d, m.nh * m.d}, {k16, DType::f16, 0, m.d},
+       {scores, DType::f32, 0, c.ldp}, kernel);
+}
+
+RowPush row_push(const Dims& m, const Chunk& c, float scale, const Bound& seg, const Bound& lse, uint32_t out_off,
+                 uint32_t dout_off) {
+  return {c.c0, c.keys, c.ldp, c.rows, m.seq, m.nh, m.d, scale, seg.offset, lse.offset, out_off, dout_off};
+}
+
+}  // namespace
+
+uint32_t attention_gemm_chunk_rows(const gpu::Context& ctx, uint32_t seq, uint32_t n_heads,
+                                   const AttentionGemmOptions& o) {
+  return attention_gemm_chunk_rows(seq, n_heads, o, usable_binding_bytes(ctx));
+}
+
+uint32_t attention_gemm_chunk_rows(uint32_t seq, uint32_t n_heads, const AttentionGemmOptions& o,
+                                   uint64_t max_binding_bytes) {
+  if (seq == 0) return 1;
+  if (o.chunk_rows != 0) return std::min(o.chunk_rows, seq);
+  const uint64_t budget = std::min<uint64_t>(o.scratch_budget, max_binding_bytes);
+  const uint64_t row_bytes = uint64_t(n_heads) * round_up8(seq) * 4;
+  uint64_t rows = std::max<uint64_t>(budget / row_bytes, 1);
+  if (rows >= 16) rows = rows / 16 * 16;  // whole 16-row tiles of the matrix-core kernels
+  return static_cast<uint32_t>(std::min<uint64_t>({rows, seq, kMaxGroups}));
+}
+
+uint64_t attention_gemm_scratch_bytes(uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t chunk_rows) {
+  const uint64_t heads = uint64_t(n_heads) * seq * head_dim;
+  const uint64_t chunk = uint64_t(n_heads) * chunk_rows * round_up8(seq);
+  // q, k, v, dout in fp16; dk, dv per query head in fp32; scores and dP fp32, P and dS fp16.
+  return 4 * heads * 2 + 2 * heads * 4 + chunk * (4 + 4 + 2 + 2);
+}
+
+void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
+                            const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
+                            uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+                            float scale, const AttentionGemmOptions& o) {
+  const char* op = "attention_gemm_forward";
+  const Dims m{batch, seq, n_heads, n_kv_heads, head_dim};
+  if (batch == 0 || seq == 0) return;
+  check(ctx, op, m, o);
+  check_size(op, "q", q, m.q_seq() * batch);
+  check_size(op, "k", k, m.kv_seq() * batch);
+  check_size(op, "v", v, m.kv_seq() * batch);
+  check_size(op, "segments", segments, uint64_t(seq) * batch);
+  check_size(op, "out", out, m.q_seq() * batch);
+  check_size(op, "lse", lse, uint64_t(n_heads) * seq * batch);
+
+  const uint32_t C = attention_gemm_chunk_rows(ctx, seq, n_heads, o);
+  const uint64_t chunk_elems = uint64_t(n_heads) * C * round_up8(seq);
+  gpu::Buffer k16 = alloc_f16(ctx, m.heads_seq(), "attention k fp16");
+  gpu::Buffer v16 = alloc_f16(ctx, m.heads_seq(), "attention v fp16");
+  gpu::Buffer scores = ctx.alloc(chunk_elems * 4, "attention scores");
+  gpu::Buffer p16 = alloc_f16(ctx, chunk_elems, "attention P");
+  const auto& softmax = ctx.pipelines().get("attn_gemm_softmax", 4, sizeof(RowPush));
+  for (uint32_t b = 0; b < batch; ++b) {
+    pack(ctx, k, b, n_kv_heads, m.rep(), m, k16);
+    pack(ctx, v, b, n_kv_heads, m.rep(), m, v16);
+    const Bound bseg = bind_elements(ctx, segments, uint64_t(b) * seq, seq);
+    const Bound blse = bind_elements(ctx, lse, uint64_t(b) * n_heads * seq, uint64_t(n_heads) * seq);
+    for (uint32_t c0 = 0; c0 < seq; c0 += C) {
+      const uint32_t rows = std::min(C, seq - c0);
+      const Chunk c{c0, rows, c0 + rows, round_up8(c0 + rows)};
+      const uint64_t elems = uint64_t(n_heads) * rows * c.ldp;
+      scores_product(ctx, q, b, k16, m, c, scale, scores, o.kernel);
+      const Bound bsc = bind_elements(ctx, scores, 0, elems);
+      const Bound bp = bind_elements(ctx, p16, 0, elems / 2);
+      ctx.dispatch(softmax,
+                   {{bsc.buffer, gpu::Access::read},
+                    {bseg.buffer, gpu::Access::read},
+                    {bp.buffer, gpu::Access::write},
+                    {blse.buffer, gpu::Access::write}},
+                   row_push(m, c, scale, bseg, blse, 0, 0), rows, n_heads, 1, "attention_gemm_softmax");
+      // out rows of the chunk = P v, per query head.
+      GemmShape s;
+      s.m = rows, s.n = head_dim, s.k = c.keys;
+      s.batch = n_heads, s.a_stride = uint64_t(rows) * c.ldp, s.b_stride = uint64_t(seq) * head_dim,
+      s.c_stride = head_dim;
+      gemm(ctx, s, {p16, DType::f16, 0, c.ldp}, {v16, DType::f16, 0, head_dim},
+           {out, DType::f32, (uint64_t(b) * seq + c0) * n_heads * head_dim, n_heads * head_dim}, o.kernel);
+    }
+  }
+  for (const gpu::Buffer& buf : {k16, v16, scores, p16}) ctx.free(buf);
+}
+
+void attention_gemm_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
+                             const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
+                             const gpu::Buffer& dout, const gpu::Buffer& dq, const gpu::Buffer& dk,
+                             const gpu::Buffer& dv, uint32_t batch, uint32_t seq, uint32_t n_heads,
+                             uint32_t n_kv_heads, uint32_t head_dim, float scale, const AttentionGemmOptions& o) {
+  const char* op = "attention_gemm_backward";
+  const Dims m{batch, seq, n_heads, n_kv_heads, head_dim};
+  if (batch == 0 || seq == 0) return;
+  check(ctx, op, m, o);
+  check_size(op, "q", q, m.q_seq() * batch);
+  check_size(op, "k", k, m.kv_seq() * batch);
+  check_size(op, "v", v, m.kv_seq() * batch);
+  check_size(op, "segments", segments, uint64_t(seq) * batch);
+  check_size(op, "out", out, m.q_seq() * batch);
+  check_size(op, "lse", lse, uint64_t(n_heads) * seq * batch);
+  check_size(op, "dout", dout, m.q_seq() * batch);
+  check_size(op, "dq", dq, m.q_seq() * batch);
+  check_size(op, "dk", dk, m.kv_seq() * batch);
+  check_size(op, "dv", dv, m.kv_seq() * batch);
+
+  const uint32_t C = attention_gemm_chunk_rows(ctx, seq, n_heads, o);
+  const uint64_t chunk_elems = uint64_t(n_heads) * C * round_up8(seq);
+  gpu::Buffer q16 = alloc_f16(ctx, m.heads_seq(), "attention q fp16");
+  gpu::Buffer k16 = alloc_f16(ctx, m.heads_seq(), "attention k fp16");
+  gpu::Buffer v16 = alloc_f16(ctx, m.heads_seq(), "attention v fp16");
+  gpu::Buffer do16 = alloc_f16(ctx, m.heads_seq(), "attention dout fp16");
+  gpu::Buffer dk_heads = ctx.alloc(m.heads_seq() * 4, "attention dk per query head");
+  gpu::Buffer dv_heads = ctx.alloc(m.heads_seq() * 4, "attention dv per query head");
+  gpu::Buffer scores = ctx.alloc(chunk_elems * 4, "attention scores");
+  gpu::Buffer dp = ctx.alloc(chunk_elems * 4, "attention dP");
+  gpu::Buffer p16 = alloc_f16(ctx, chunk_elems, "attention P");
+  gpu::Buffer ds16 = alloc_f16(ctx, chunk_elems, "attention dS");
+  const auto& softmax_bwd = ctx.pipelines().get("attn_gemm_softmax_bwd", 8, sizeof(RowPush));
+  const uint32_t qld = n_heads * head_dim;
+  const uint64_t sd = uint64_t(seq) * head_dim;  // batch stride of the [nh, S, d] copies
+  for (uint32_t b = 0; b < batch; ++b) {
+    pack(ctx, q, b, n_heads, 1, m, q16);
+    pack(ctx, k, b, n_kv_heads, m.rep(), m, k16);
+    pack(ctx, v, b, n_kv_heads, m.rep(), m, v16);
+    pack(ctx, dout, b, n_heads, 1, m, do16);
+    const Bound bseg = bind_elements(ctx, segments, uint64_t(b) * seq, seq);
+    const Bound blse = bind_elements(ctx, lse, uint64_t(b) * n_heads * seq, uint64_t(n_heads) * seq);
+    const Bound bout = bind_elements(ctx, out, b * m.q_seq(), m.q_seq());
+    const Bound bdout = bind_elements(ctx, dout, b * m.q_seq(), m.q_seq());
+    const uint64_t row0 = uint64_t(b) * seq;  // the sequence's first token
+    // The last chunk first: it sees every key, so its dk/dv products initialise all S rows of
+    // dk_heads and dv_heads (beta 0) and the earlier chunks add to their prefix (beta 1).
+    const uint32_t n_chunks = (seq + C - 1) / C;
+    for (uint32_t ci = n_chunks; ci-- > 0;) {
+      const uint32_t c0 = ci * C, rows = std::min(C, seq - c0);
+      const Chunk c{c0, rows, c0 + rows, round_up8(c0 + rows)};
+      const uint64_t elems = uint64_t(n_heads) * rows * c.ldp;
+      const uint64_t q_off = (row0 + c0) * qld;
+      scores_product(ctx, q, b, k16, m, c, scale, scores, o.kernel);
+      GemmShape s;  // dP = dout_chunk v^T
+      s.m = rows, s.n = c.keys, s.k = head_dim, s.trans_b = true;
+      s.batch = n_heads, s.a_stride = head_dim, s.b_stride = sd, s.c_stride = uint64_t(rows) * c.ldp;
+      gemm(ctx, s, {dout, DType::f32, q_off, qld}, {v16, DType::f16, 0, head_dim}, {dp, DType::f32, 0, c.ldp},
+           o.kernel);
+
+      const Bound bsc = bind_elements(ctx, scores, 0, elems);
+      const Bound bdp = bind_elements(ctx, dp, 0, elems);
+      const Bound bp = bind_elements(ctx, p16, 0, elems / 2);
+      const Bound bds = bind_elements(ctx, ds16, 0, elems / 2);
+      ctx.dispatch(softmax_bwd,
+                   {{bsc.buffer, gpu::Access::read},
+                    {bdp.buffer, gpu::Access::read},
+                    {bseg.buffer, gpu::Access::read},
+                    {blse.buffer, gpu::Access::read},
+                    {bout.buffer, gpu::Access::read},
+                    {bdout.buffer, gpu::Access::read},
+                    {bp.buffer, gpu::Access::write},
+                    {bds.buffer, gpu::Access::write}},
+                   row_push(m, c, scale, bseg, blse, bout.offset, bdout.offset), rows, n_heads, 1,
+                   "attention_gemm_softmax_bwd");
+
+      // dq_chunk = dS k (dS carries the scale).
+      GemmShape sq;
+      sq.m = rows, sq.n = head_dim, sq.k = c.keys;
+      sq.batch = n_heads, sq.a_stride = uint64_t(rows) * c.ldp, sq.b_stride = sd, sq.c_stride = head_dim;
+      gemm(ctx, sq, {ds16, DType::f16, 0, c.ldp}, {k16, DType::f16, 0, head_dim}, {dq, DType::f32, q_off, qld},
+           o.kernel);
+      // dk_heads[:keys] (+)= dS^T q_chunk; dv_heads[:keys] (+)= P^T dout_chunk.
+      GemmShape st;
+      st.m = c.keys, st.n = head_dim, st.k = rows, st.trans_a = true, st.beta = ci + 1 == n_chunks ? 0.0f : 1.0f;
+      st.batch = n_heads, st.a_stride = uint64_t(rows) * c.ldp, st.b_stride = sd, st.c_stride = sd;
+      gemm(ctx, st, {ds16, DType::f16, 0, c.ldp}, {q16, DType::f16, uint64_t(c0) * head_dim, head_dim},
+           {dk_heads, DType::f32, 0, head_dim}, o.kernel);
+      gemm(ctx, st, {p16, DType::f16, 0, c.ldp}, {do16, DType::f16, uint64_t(c0) * head_dim, head_dim},
+           {dv_heads, DType::f32, 0, head_dim}, o.kernel);
+    }
+    sum_heads(ctx, dk_heads, b, m, dk);
+    sum_heads(ctx, dv_heads, b, m, dv);
+  }
+  for (const gpu::Buffer& buf : {q16, k16, v16, do16, dk_heads, dv_heads, scores, dp, p16, ds16}) ctx.free(buf);
+}
+
+}  // namespace forja::ops

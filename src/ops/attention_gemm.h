@@ -1,0 +1,53 @@
+// Causal GQA attention computed through the GEMM kernels, for mixed precision: the six products
+// of attention (Q K^T, P V forward; dO V^T, dS K, dS^T Q, P^T dO backward) run as batched GEMMs
+// over the query heads with fp16 operands and fp32 accumulation, on matrix cores where the device
+// has them (ops/gemm.h), and small kernels (kernels/attention_gemm.comp) do the softmax between
+// them. Same semantics, layouts, mask and lse as ops/attention.h; the arithmetic differs as
+// flash-attention's fp16 mode does: q, k, v, dout, P and dS are rounded to fp16 where they enter
+// a product, statistics and the softmax stay fp32.
+//
+// Memory: the queries of a sequence are taken in chunks of C rows, each against the keys up to
+// the chunk's end (causality skips the rest), so the scratch holds one chunk's scores [nh, C, S]
+// rather than [S, S]: O(S) for a fixed C, with C chosen from a byte budget. Every sequence of a
+// batch is its own set of chunks.
+//
+// Backward: dq is written per chunk; dk and dv are accumulated per query head over the chunks (in
+// fp32, [nh, S, d]) and then summed over the heads that share a kv head: deterministic, no atomics.
+#pragma once
+#include <cstdint>
+
+#include "gpu/context.h"
+#include "ops/gemm.h"
+
+namespace forja::ops {
+
+struct AttentionGemmOptions {
+  GemmKernel kernel = GemmKernel::automatic;  // for the products (tests pick coopmat_emulated)
+  uint32_t chunk_rows = 0;                    // query rows per chunk; 0 = from scratch_budget
+  uint64_t scratch_budget = 64ull << 20;      // bytes of one chunk's fp32 scores [nh, C, S]
+};
+
+// Query rows per chunk for this shape (at least 1, at most seq): options.chunk_rows, else as
+// many whole 16-row tiles as fit min(scratch_budget, max_binding_bytes).
+uint32_t attention_gemm_chunk_rows(uint32_t seq, uint32_t n_heads, const AttentionGemmOptions& options,
+                                   uint64_t max_binding_bytes);
+// The same with this device's largest binding.
+uint32_t attention_gemm_chunk_rows(const gpu::Context& ctx, uint32_t seq, uint32_t n_heads,
+                                   const AttentionGemmOptions& options = {});
+
+// Peak scratch bytes of attention_gemm_backward (the larger of the two) for one call.
+uint64_t attention_gemm_scratch_bytes(uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t chunk_rows);
+
+void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
+                            const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
+                            uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
+                            float scale, const AttentionGemmOptions& options = {});
+
+void attention_gemm_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
+                             const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
+                             const gpu::Buffer& dout, const gpu::Buffer& dq, const gpu::Buffer& dk,
+                             const gpu::Buffer& dv, uint32_t batch, uint32_t seq, uint32_t n_heads,
+                             uint32_t n_kv_heads, uint32_t head_dim, float scale,
+                             const AttentionGemmOptions& options = {});
+
+}  // namespace forja::ops
