@@ -97,7 +97,7 @@ struct Chunk {
 void scores_product(gpu::Context& ctx, const gpu::Buffer& q, uint32_t b, const gpu::Buffer& k16, const Dims& m,
                     const Chunk& c, float scale, const gpu::Buffer& scores, GemmKernel kernel) {
   GemmShape s;
-  s.m = c.rows, s.n = c.keys, s.k = m.d, s.trans_b = true, s.alpha = scale;
+  s.m = c.rows, s.n = c.keys, s.k = m.d, s.trans_b = true, s.alpha = scale, s.op = "attention_gemm_scores";
   s.batch = m.nh, s.a_stride = m.d, s.b_stride = uint64_t(m.seq) * m.d, s.c_stride = uint64_t(c.rows) * c.ldp;
   gemm(ctx, s, {q, DType::f32, (uint64_t(b) * m.seq + c.c0) * m.nh * m.d, m.nh * m.d}, {k16, DType::f16, 0, m.d},
        {scores, DType::f32, 0, c.ldp}, kernel);
@@ -175,7 +175,7 @@ void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::
                    row_push(m, c, scale, bseg, blse, 0, 0), rows, n_heads, 1, "attention_gemm_softmax");
       // out rows of the chunk = P v, per query head.
       GemmShape s;
-      s.m = rows, s.n = head_dim, s.k = c.keys;
+      s.m = rows, s.n = head_dim, s.k = c.keys, s.op = "attention_gemm_pv";
       s.batch = n_heads, s.a_stride = uint64_t(rows) * c.ldp, s.b_stride = uint64_t(seq) * head_dim,
       s.c_stride = head_dim;
       gemm(ctx, s, {p16, DType::f16, 0, c.ldp}, {v16, DType::f16, 0, head_dim},
@@ -240,7 +240,7 @@ void attention_gemm_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu:
       const uint64_t q_off = (row0 + c0) * qld;
       scores_product(ctx, q, b, k16, m, c, scale, scores, o.kernel);
       GemmShape s;  // dP = dout_chunk v^T
-      s.m = rows, s.n = c.keys, s.k = head_dim, s.trans_b = true;
+      s.m = rows, s.n = c.keys, s.k = head_dim, s.trans_b = true, s.op = "attention_gemm_dp";
       s.batch = n_heads, s.a_stride = head_dim, s.b_stride = sd, s.c_stride = uint64_t(rows) * c.ldp;
       gemm(ctx, s, {dout, DType::f32, q_off, qld}, {v16, DType::f16, 0, head_dim}, {dp, DType::f32, 0, c.ldp},
            o.kernel);
@@ -263,13 +263,14 @@ void attention_gemm_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu:
 
       // dq_chunk = dS k (dS carries the scale).
       GemmShape sq;
-      sq.m = rows, sq.n = head_dim, sq.k = c.keys;
+      sq.m = rows, sq.n = head_dim, sq.k = c.keys, sq.op = "attention_gemm_dq";
       sq.batch = n_heads, sq.a_stride = uint64_t(rows) * c.ldp, sq.b_stride = sd, sq.c_stride = head_dim;
       gemm(ctx, sq, {ds16, DType::f16, 0, c.ldp}, {k16, DType::f16, 0, head_dim}, {dq, DType::f32, q_off, qld},
            o.kernel);
       // dk_heads[:keys] (+)= dS^T q_chunk; dv_heads[:keys] (+)= P^T dout_chunk.
       GemmShape st;
       st.m = c.keys, st.n = head_dim, st.k = rows, st.trans_a = true, st.beta = ci + 1 == n_chunks ? 0.0f : 1.0f;
+      st.op = "attention_gemm_dkdv";
       st.batch = n_heads, st.a_stride = uint64_t(rows) * c.ldp, st.b_stride = sd, st.c_stride = sd;
       gemm(ctx, st, {ds16, DType::f16, 0, c.ldp}, {q16, DType::f16, uint64_t(c0) * head_dim, head_dim},
            {dk_heads, DType::f32, 0, head_dim}, o.kernel);

@@ -77,12 +77,15 @@ ScalarTile scalar_tile(const gpu::Context& ctx, const GemmShape& s, GemmKernel k
 }
 
 CoopTile coop_tile(const GemmShape& s, bool emulated) {
-  // Largest tile that still gives the device enough workgroups to fill it.
+  // Largest tile that still gives the device enough workgroups to fill it, skipping tiles at
+  // least twice as tall (wide) as the product, which would leave half of their rows (columns)
+  // idle: attention's chunks of 128 query rows, head_dim 128 wide.
   static const CoopTile candidates[] = {
       {256, 128, 32, 4, 2, 1}, {128, 256, 32, 2, 4, 1}, {128, 128, 32, 2, 2, 2}, {64, 64, 32, 2, 2, 2}};
   if (emulated) return {64, 64, 32, 2, 2, 2};
   const uint64_t want_groups = 120;
   for (const CoopTile& t : candidates) {
+    if (&t != &candidates[3] && (2 * s.m <= t.bm || 2 * s.n <= t.bn)) continue;
     uint64_t groups = uint64_t((s.m + t.bm - 1) / t.bm) * ((s.n + t.bn - 1) / t.bn) * s.batch;
     if (groups >= want_groups || &t == &candidates[3]) return t;
   }
@@ -164,7 +167,8 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
     const char* base = mixed ? "gemm_f32f16" : a.dtype == DType::f16 ? "gemm_f16" : "gemm_f32";
     const std::string variant = std::string(base) + "_t" + std::to_string(t.bm);
     const auto& p = ctx.pipelines().get(variant, 3, sizeof(GemmPush), {s.trans_a, s.trans_b, vec_a, vec_b, vec_c});
-    ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, base, flops);
+    ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, s.op ? s.op : base,
+                 flops);
     return;
   }
   const bool emulated = kernel == GemmKernel::coopmat_emulated;
@@ -179,10 +183,61 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
   const auto& p = ctx.pipelines().get(name, 3, sizeof(GemmPush),
                                       {threads, t.bm, t.bn, t.bk, t.wm, t.wn, t.stages, s.trans_a, s.trans_b,
                                        vec_a, vec_b});
-  ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, name, flops);
+  ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, s.op ? s.op : name,
+               flops);
+}
+
+// Splits K into `slices` (s.split_k > 1 already resolved): the partial products go to a
+// scratch [slices, M, N] as one strided batch (plus one product for a shorter last slice),
+// then gemm_split_k sums them into C with beta.
+void gemm_split_k(gpu::Context& ctx, const GemmShape& s, uint32_t slices, const MatrixView& a, const MatrixView& b,
+                  const MatrixView& c, GemmKernel kernel) {
+  const uint32_t ks = (s.k + slices - 1) / slices;
+  const uint32_t step = (ks + 15) / 16 * 16;  // whole K tiles per slice
+  const uint32_t full = s.k / step, rest = s.k - full * step;
+  const uint32_t parts = full + (rest > 0 ? 1 : 0);
+  const uint64_t mn = uint64_t(s.m) * s.n;
+  gpu::Buffer scratch = ctx.alloc(parts * mn * 4, "gemm split-K partial products");
+  // Slice j of A is its columns (rows when transposed) [j*step, (j+1)*step); likewise B's rows.
+  const uint64_t a_step = s.trans_a ? uint64_t(step) * a.ld : step;
+  const uint64_t b_step = s.trans_b ? step : uint64_t(step) * b.ld;
+  GemmShape p = s;
+  p.k = step, p.beta = 0.0f, p.batch = full, p.a_stride = a_step, p.b_stride = b_step, p.c_stride = mn,
+  p.split_k = 1;
+  const MatrixView part{scratch, DType::f32, 0, s.n};
+  if (full > 0) dispatch_part(ctx, p, a, a.offset, b, b.offset, part, 0, kernel);
+  if (rest > 0) {
+    p.k = rest, p.batch = 1;
+    dispatch_part(ctx, p, a, a.offset + full * a_step, b, b.offset + full * b_step, part, full * mn, kernel);
+  }
+  struct ReducePush {
+    uint32_t m, n, ldc, c_offset, slices;
+    float beta;
+  };
+  const Operand oc = bind(ctx, c, c.offset, span_elements(s.m, s.n, c.ld, 1, 0));
+  const ReducePush push{s.m, s.n, c.ld, oc.offset, parts, s.beta};
+  const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((mn + 255) / 256, 65535));
+  ctx.dispatch(ctx.pipelines().get("gemm_split_k", 2, sizeof(ReducePush)),
+               {{scratch.slice(0, parts * mn * 4), gpu::Access::read},
+                {oc.binding, s.beta != 0.0f ? gpu::Access::read_write : gpu::Access::write}},
+               push, groups, 1, 1, "gemm_split_k");
+  ctx.free(scratch);
 }
 
 }  // namespace
+
+uint32_t gemm_split_k_slices(const GemmShape& s) {
+  if (s.batch != 1) return 1;  // batches are split across workgroups already
+  if (s.split_k != 0) return s.split_k;
+  // Output tiles at the smallest tile (64 x 64); aim for about 256 workgroups in all, every
+  // slice at least 256 long, and a scratch of at most 32 MiB.
+  constexpr uint64_t kTargetGroups = 256, kMinSlice = 256, kMaxScratch = 32ull << 20;
+  const uint64_t tiles = uint64_t((s.m + 63) / 64) * ((s.n + 63) / 64);
+  if (tiles >= kTargetGroups / 4 || s.k < 2 * kMinSlice) return 1;
+  uint64_t slices = std::min<uint64_t>((kTargetGroups + tiles - 1) / tiles, s.k / kMinSlice);
+  slices = std::min<uint64_t>(slices, kMaxScratch / (uint64_t(s.m) * s.n * 4));
+  return static_cast<uint32_t>(std::max<uint64_t>(slices, 1));
+}
 
 GemmKernel gemm_kernel_for(const gpu::Context& ctx, DType operands) {
   return operands == DType::f16 && coopmat_available(ctx) ? GemmKernel::coopmat : GemmKernel::scalar;
@@ -218,6 +273,8 @@ void gemm(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const Matr
     // C = beta * C: the scalar kernel handles K = 0 (no K tiles) exactly.
     kernel = GemmKernel::scalar;
   }
+  const uint32_t slices = std::min(gemm_split_k_slices(s), s.k);
+  if (slices > 1) return gemm_split_k(ctx, s, slices, a, b, c, kernel);
   dispatch_part(ctx, s, a, a.offset, b, b.offset, c, c.offset, kernel);
 }
 

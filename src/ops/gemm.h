@@ -38,6 +38,13 @@ struct GemmShape {
   // Strided batches: batch b uses offsets + b * stride (elements).
   uint32_t batch = 1;
   uint64_t a_stride = 0, b_stride = 0, c_stride = 0;
+  // Split-K: the K range is cut into this many slices, multiplied as a batch into an fp32 scratch
+  // and summed by a second kernel. 0 = automatic (gemm_split_k_slices), 1 = never. Single
+  // products only (batch 1; batched products ignore it).
+  uint32_t split_k = 0;
+  // The name the GPU profile (FORJA_PROFILE=1) files the product under; nullptr: the kernel's.
+  // Must outlive the profile (a string literal).
+  const char* op = nullptr;
 };
 
 // scalar picks its tile by the shape; scalar_t64 / scalar_t128 force one (tests, benchmarks).
@@ -46,6 +53,12 @@ enum class GemmKernel { automatic, scalar, scalar_t64, scalar_t128, coopmat, coo
 // The kernel `automatic` resolves to on this device for B of dtype `operands` (A fp32 or the same).
 GemmKernel gemm_kernel_for(const gpu::Context& ctx, DType operands);
 std::string gemm_kernel_name(GemmKernel k);
+
+// The slices automatic split-K uses for this product: more than 1 only for single products
+// whose output covers few tiles but whose K is long (LoRA's x A^T, dy B, dy^T t, dt^T x with
+// rank 16: one 64-wide tile row or column, K in the thousands), which would otherwise run on a
+// handful of workgroups while most of a GPU idles.
+uint32_t gemm_split_k_slices(const GemmShape& shape);
 
 void gemm(gpu::Context& ctx, const GemmShape& shape, const MatrixView& a, const MatrixView& b, const MatrixView& c,
           GemmKernel kernel = GemmKernel::automatic);

@@ -43,6 +43,7 @@ struct Layout {
   // With dtype f16: mixed operands, A uploaded in fp32 (unrounded), which the kernel rounds to
   // fp16 on load; the reference multiplies the rounded values.
   bool a_f32 = false;
+  uint32_t split_k = 0;  // GemmShape::split_k (0 = automatic)
   static Layout aligned() { return {4, 4, 4, 0, 0, 1, 0, false}; }
 };
 
@@ -62,7 +63,7 @@ class GemmTest : public GpuTest {
                  (l.a_f32 ? " A f32" : "") + " pads " + std::to_string(l.lda_pad) + "," + std::to_string(l.ldb_pad) +
                  "," + std::to_string(l.ldc_pad) + " offsets " + std::to_string(l.a_offset) + "," +
                  std::to_string(l.b_offset) + " batch " + std::to_string(l.batch) + " stride pad " +
-                 std::to_string(l.stride_pad));
+                 std::to_string(l.stride_pad) + " split_k " + std::to_string(l.split_k));
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     std::uniform_int_distribution<int> pick(0, 3);
@@ -120,6 +121,7 @@ class GemmTest : public GpuTest {
     ctx().upload(gc, cmat);
 
     ops::GemmShape shape{c.m, c.n, c.k, c.ta, c.tb, c.alpha, c.beta, l.batch, a_stride, b_stride, c_stride};
+    shape.split_k = l.split_k;
     ops::gemm(ctx(), shape, {ga, a_dtype, l.a_offset, lda}, {gb, dtype, l.b_offset, ldb},
               {gc, DType::f32, uint64_t(c_pad) * ldc, ldc}, kernel);
     auto out = ctx().download<float>(gc, cmat.size());
@@ -301,6 +303,45 @@ TEST_F(GemmTest, CoopmatBitExactAndRandom) {
 
 // Operands larger than maxStorageBufferRange are split into several dispatches. Only on
 // devices where the range is small enough to test cheaply (lavapipe: 128 MiB).
+// Split-K (ops/gemm.h): slices of K multiplied as a batch into a scratch and summed into C with
+// beta. Forced slice counts that leave a shorter last slice (1000 = 2 x 336 + 328 with 3 slices)
+// or more slices than whole K tiles; every kernel; exact values must stay bit-exact (the sums are
+// exact whatever their order), random ones within the fp32 tolerance.
+TEST_F(GemmTest, SplitKAllTransposesAndKernels) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (uint32_t slices : {3u, 5u, 64u})
+        for (const Case& c : {Case{16, 70, 1000, ta, tb, 1.0f, 0.0f}, Case{33, 5, 40, ta, tb, -0.5f, 1.0f}}) {
+          Layout l;
+          l.split_k = slices;
+          run(c, DType::f32, GemmKernel::scalar, true, l);
+          run(c, DType::f32, GemmKernel::scalar, false, l);
+          Layout h = l;
+          h.lda_pad = 8;
+          run(c, DType::f16, GemmKernel::scalar, false, h);
+          h.a_f32 = true;
+          run(c, DType::f16, GemmKernel::coopmat_emulated, true, h);
+        }
+}
+
+TEST_F(GemmTest, SplitKOnlyForFewTilesWithLongK) {
+  auto slices = [](uint32_t m, uint32_t n, uint32_t k, uint32_t batch = 1, uint32_t forced = 0) {
+    ops::GemmShape s{m, n, k};
+    s.batch = batch;
+    s.split_k = forced;
+    return ops::gemm_split_k_slices(s);
+  };
+  EXPECT_GT(slices(2048, 16, 2560), 1u);  // LoRA x A^T at Qwen3-4B's width
+  EXPECT_GT(slices(16, 2560, 2048), 1u);  // LoRA dA = dt^T x
+  EXPECT_EQ(slices(2048, 16, 16), 1u);    // short K: nothing to split
+  EXPECT_EQ(slices(2048, 2048, 2560), 1u);  // enough tiles already
+  EXPECT_EQ(slices(2048, 16, 2560, 2), 1u);  // batched products are not split
+  EXPECT_EQ(slices(64, 64, 100, 1, 4), 4u);  // forced
+  EXPECT_EQ(slices(64, 64, 100000, 1, 1), 1u);  // forced off
+  // Few tiles but the scratch would be large: the slices stop at 32 MiB of partial products.
+  EXPECT_LE(slices(2048, 1024, 100000) * 2048ull * 1024 * 4, 32ull << 20);
+}
+
 TEST_F(GemmTest, SplitsOperandsLargerThanTheBindingLimit) {
   const uint64_t range = ctx().info().max_storage_buffer_range;
   if (range > (256ull << 20)) GTEST_SKIP() << "binding limit " << range << " too large to exceed cheaply";
