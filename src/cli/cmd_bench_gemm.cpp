@@ -209,6 +209,9 @@ forja::cli::CommandRegistration reg{"bench-gemm", 81, [](CLI::App& app) {
     if (forja::ops::gemm_kernel_for(*ctx, DType::f16) == GemmKernel::coopmat) {
       variants.push_back({"coopmat f16 NT", DType::f16, GemmKernel::coopmat, true});
       variants.push_back({"coopmat f16 NN", DType::f16, GemmKernel::coopmat, false});
+      // fp32 A rounded while staged (gemm_nvcm_af32): mixed precision's activations.
+      variants.push_back({"coopmat mixed NT", DType::f16, GemmKernel::coopmat, true, false, true});
+      variants.push_back({"coopmat mixed NN", DType::f16, GemmKernel::coopmat, false, false, true});
     }
     std::printf("forja bench gemm on %s: C[M,N] fp32 = A[M,K] * op(B), NT: B stored [N,K] (y = x W^T), "
                 "NN: B stored [K,N] (dx = dy W); nf4: B an NF4 weight, A fp32; mixed: A fp32 rounded to fp16 on load, "

@@ -115,6 +115,10 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
     plan.parts.push_back({"NF4 weight dequantised (fp16)", 2 * largest, "one projection at a time"});
   }
   if (s.dense_weight_bytes == 2) {
+    // Mixed precision rounds each base product's input into one fp16 copy (model/transformer.h).
+    const std::uint64_t widest_io =
+        static_cast<std::uint64_t>(std::max({c.hidden_size, c.intermediate_size, c.q_dim()}));
+    plan.parts.push_back({"base product input (fp16)", tokens * widest_io * 2, "one product at a time"});
     // Mixed precision runs attention through the GEMM kernels (ops/attention_gemm.h): fp16
     // copies of one sequence's q, k, v, dout, its dk/dv per query head, one chunk of scores.
     const auto nh = static_cast<std::uint32_t>(c.num_heads), seq = static_cast<std::uint32_t>(s.seq_len);

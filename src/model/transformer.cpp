@@ -94,6 +94,12 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
     if (largest > 0) nf4_scratch_ = alloc(largest * 2, "nf4 dequantised weight (fp16)");
   }
   max_tokens_ = max_batch * max_seq;
+  if (options.precision == Precision::mixed && options.fp16_input_copies) {
+    uint64_t widest = 0;
+    for (const BaseLayer& layer : base.layers)
+      for (const BaseLinear& lin : layer.linears) widest = std::max<uint64_t>({widest, lin.in, lin.out});
+    if (widest > 0) input16_ = alloc((uint64_t(max_tokens_) * widest * 2 + 3) / 4 * 4, "base product input (fp16)");
+  }
   const uint64_t T = max_tokens_, H = c_.hidden_size, I = c_.intermediate_size, nh = c_.num_heads,
                  nkv = c_.num_kv_heads, d = c_.head_dim, r = lora.settings().rank;
   ids_ = alloc(T * 4, "input ids");
@@ -177,6 +183,13 @@ MatrixView Transformer::base_fp16(const BaseLinear& lin) {
   return MatrixView{nf4_scratch_, DType::f16, 0, lin.in};
 }
 
+MatrixView Transformer::base_input(const gpu::Buffer& x, uint32_t cols) {
+  if (!input16_.valid()) return MatrixView{x, DType::f32, 0, cols};
+  // Like nf4_scratch_, reused by every product; the context orders the writes after earlier reads.
+  ops::to_f16(ctx_, x, input16_, uint64_t(tokens_) * cols);
+  return MatrixView{input16_, DType::f16, 0, cols};
+}
+
 void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
                                  const gpu::Buffer& lora_t, bool accumulate) {
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
@@ -185,8 +198,8 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
   if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {  // mixed: fp16 W, x rounded to fp16 as it is loaded
-    ops::gemm(ctx_, GemmShape{T, lin.out, lin.in, false, true, 1.0f, beta}, MatrixView{x, DType::f32, 0, lin.in},
-              base_fp16(lin), MatrixView{y, DType::f32, 0, lin.out}, options_.base_kernel);
+    ops::gemm(ctx_, GemmShape{T, lin.out, lin.in, false, true, 1.0f, beta}, base_input(x, lin.in), base_fp16(lin),
+              MatrixView{y, DType::f32, 0, lin.out}, options_.base_kernel);
   }
   if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
   if (const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind)) {
@@ -207,8 +220,8 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_dyw(ctx_, dy, *lin.nf4, dx, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {
-    ops::gemm(ctx_, GemmShape{T, lin.in, lin.out, false, false, 1.0f, beta}, MatrixView{dy, DType::f32, 0, lin.out},
-              base_fp16(lin), MatrixView{dx, DType::f32, 0, lin.in}, options_.base_kernel);
+    ops::gemm(ctx_, GemmShape{T, lin.in, lin.out, false, false, 1.0f, beta}, base_input(dy, lin.out), base_fp16(lin),
+              MatrixView{dx, DType::f32, 0, lin.in}, options_.base_kernel);
   }
   const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind);
   if (!s) return;

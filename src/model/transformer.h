@@ -45,6 +45,10 @@ struct TransformerOptions {
   // with base_kernel; mixed only. automatic: gemm in mixed, tiled in fp32.
   enum class Attention { automatic, tiled, gemm };
   Attention attention = Attention::automatic;
+  // Mixed only: each base product's fp32 input (x forward, dy backward) is first rounded into an
+  // fp16 copy (one scratch as large as the widest input), so the GEMM stages half the bytes;
+  // false rounds it inside the GEMM as it is staged (the _af32 kernels). Same values either way.
+  bool fp16_input_copies = true;
 };
 
 // One micro-batch, host side: B sequences of S tokens, row-major [B, S].
@@ -92,6 +96,8 @@ class Transformer {
   // LoRA path while dropout acts).
   // The fp16 base weight of a product: the dense one, or the NF4 one dequantised into nf4_scratch_.
   ops::MatrixView base_fp16(const BaseLinear& lin);
+  // A base product's input [T, cols]: x itself, or its fp16 copy in input16_ (mixed).
+  ops::MatrixView base_input(const gpu::Buffer& x, uint32_t cols);
   void linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
                       const gpu::Buffer& lora_t, bool accumulate);
   void linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
@@ -112,6 +118,7 @@ class Transformer {
   TransformerOptions options_;
   ops::DType base_operands_ = ops::DType::f32;  // the operand precision of the NF4 products
   bool attention_gemm_ = false;  // attention through ops/attention_gemm.h (TransformerOptions::attention)
+  gpu::Buffer input16_;  // fp16 copy of a base product's input (TransformerOptions::fp16_input_copies)
   gpu::Buffer nf4_scratch_;  // fp16 dequantised weight (TransformerOptions::Nf4Products::dequantized)
   float lora_grad_scale_ = 1.0f;                 // factor of the LoRA gradient products (run)
   uint64_t activation_bytes_ = 0;

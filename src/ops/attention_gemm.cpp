@@ -93,13 +93,14 @@ struct Chunk {
   uint32_t c0, rows, keys, ldp;
 };
 
-// scores [nh, rows, ldp] = scale * q_chunk k^T, per query head.
-void scores_product(gpu::Context& ctx, const gpu::Buffer& q, uint32_t b, const gpu::Buffer& k16, const Dims& m,
-                    const Chunk& c, float scale, const gpu::Buffer& scores, GemmKernel kernel) {
+// scores [nh, rows, ldp] = scale * q_chunk k^T, per query head, from the fp16 [nh, S, d] copies.
+void scores_product(gpu::Context& ctx, const gpu::Buffer& q16, const gpu::Buffer& k16, const Dims& m, const Chunk& c,
+                    float scale, const gpu::Buffer& scores, GemmKernel kernel) {
   GemmShape s;
   s.m = c.rows, s.n = c.keys, s.k = m.d, s.trans_b = true, s.alpha = scale, s.op = "attention_gemm_scores";
-  s.batch = m.nh, s.a_stride = m.d, s.b_stride = uint64_t(m.seq) * m.d, s.c_stride = uint64_t(c.rows) * c.ldp;
-  gemm(ctx, s, {q, DType::f32, (uint64_t(b) * m.seq + c.c0) * m.nh * m.d, m.nh * m.d}, {k16, DType::f16, 0, m.d},
+  s.batch = m.nh, s.a_stride = uint64_t(m.seq) * m.d, s.b_stride = uint64_t(m.seq) * m.d,
+  s.c_stride = uint64_t(c.rows) * c.ldp;
+  gemm(ctx, s, {q16, DType::f16, uint64_t(c.c0) * m.d, m.d}, {k16, DType::f16, 0, m.d},
        {scores, DType::f32, 0, c.ldp}, kernel);
 }
 
@@ -150,12 +151,14 @@ void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::
 
   const uint32_t C = attention_gemm_chunk_rows(ctx, seq, n_heads, o);
   const uint64_t chunk_elems = uint64_t(n_heads) * C * round_up8(seq);
+  gpu::Buffer q16 = alloc_f16(ctx, m.heads_seq(), "attention q fp16");
   gpu::Buffer k16 = alloc_f16(ctx, m.heads_seq(), "attention k fp16");
   gpu::Buffer v16 = alloc_f16(ctx, m.heads_seq(), "attention v fp16");
   gpu::Buffer scores = ctx.alloc(chunk_elems * 4, "attention scores");
   gpu::Buffer p16 = alloc_f16(ctx, chunk_elems, "attention P");
   const auto& softmax = ctx.pipelines().get("attn_gemm_softmax", 4, sizeof(RowPush));
   for (uint32_t b = 0; b < batch; ++b) {
+    pack(ctx, q, b, n_heads, 1, m, q16);
     pack(ctx, k, b, n_kv_heads, m.rep(), m, k16);
     pack(ctx, v, b, n_kv_heads, m.rep(), m, v16);
     const Bound bseg = bind_elements(ctx, segments, uint64_t(b) * seq, seq);
@@ -164,7 +167,7 @@ void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::
       const uint32_t rows = std::min(C, seq - c0);
       const Chunk c{c0, rows, c0 + rows, round_up8(c0 + rows)};
       const uint64_t elems = uint64_t(n_heads) * rows * c.ldp;
-      scores_product(ctx, q, b, k16, m, c, scale, scores, o.kernel);
+      scores_product(ctx, q16, k16, m, c, scale, scores, o.kernel);
       const Bound bsc = bind_elements(ctx, scores, 0, elems);
       const Bound bp = bind_elements(ctx, p16, 0, elems / 2);
       ctx.dispatch(softmax,
@@ -182,7 +185,7 @@ void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::
            {out, DType::f32, (uint64_t(b) * seq + c0) * n_heads * head_dim, n_heads * head_dim}, o.kernel);
     }
   }
-  for (const gpu::Buffer& buf : {k16, v16, scores, p16}) ctx.free(buf);
+  for (const gpu::Buffer& buf : {q16, k16, v16, scores, p16}) ctx.free(buf);
 }
 
 void attention_gemm_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
@@ -238,12 +241,12 @@ void attention_gemm_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu:
       const Chunk c{c0, rows, c0 + rows, round_up8(c0 + rows)};
       const uint64_t elems = uint64_t(n_heads) * rows * c.ldp;
       const uint64_t q_off = (row0 + c0) * qld;
-      scores_product(ctx, q, b, k16, m, c, scale, scores, o.kernel);
+      scores_product(ctx, q16, k16, m, c, scale, scores, o.kernel);
       GemmShape s;  // dP = dout_chunk v^T
       s.m = rows, s.n = c.keys, s.k = head_dim, s.trans_b = true, s.op = "attention_gemm_dp";
-      s.batch = n_heads, s.a_stride = head_dim, s.b_stride = sd, s.c_stride = uint64_t(rows) * c.ldp;
-      gemm(ctx, s, {dout, DType::f32, q_off, qld}, {v16, DType::f16, 0, head_dim}, {dp, DType::f32, 0, c.ldp},
-           o.kernel);
+      s.batch = n_heads, s.a_stride = sd, s.b_stride = sd, s.c_stride = uint64_t(rows) * c.ldp;
+      gemm(ctx, s, {do16, DType::f16, uint64_t(c0) * head_dim, head_dim}, {v16, DType::f16, 0, head_dim},
+           {dp, DType::f32, 0, c.ldp}, o.kernel);
 
       const Bound bsc = bind_elements(ctx, scores, 0, elems);
       const Bound bdp = bind_elements(ctx, dp, 0, elems);

@@ -81,6 +81,24 @@ void swiglu_backward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer&
   run_elementwise(ctx, "ew_swiglu_bwd", {g, u, dh}, {dg, du}, n);
 }
 
+void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n) {
+  if (n == 0) return;
+  const uint64_t out_bytes = (n * 2 + 3) / 4 * 4;
+  if (x.size < n * 4 || y.size < out_bytes) throw std::logic_error("to_f16: buffer smaller than n elements");
+  const auto& p = ctx.pipelines().get("ew_to_f16", 2, sizeof(EwPush));
+  // Chunks of a multiple of the alignment in elements, so that the fp16 output's chunks (half
+  // the bytes) start aligned too.
+  const uint64_t align = std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
+  const uint64_t chunk = chunk_elements(ctx) / align * align;
+  for (uint64_t start = 0; start < n; start += chunk) {
+    const uint64_t len = std::min(chunk, n - start);
+    const uint64_t pairs = (len + 1) / 2;
+    const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((pairs + kThreads - 1) / kThreads, kMaxGroups));
+    ctx.dispatch(p, {{x.slice(start * 4, len * 4), gpu::Access::read}, {y.slice(start * 2, pairs * 4), gpu::Access::write}},
+                 EwPush{static_cast<uint32_t>(len), 0.0f}, groups, 1, 1, "ew_to_f16");
+  }
+}
+
 void add_row_bias(gpu::Context& ctx, const gpu::Buffer& bias, const gpu::Buffer& y, uint32_t rows, uint32_t cols) {
   const uint64_t n = uint64_t(rows) * cols;
   if (n == 0) return;

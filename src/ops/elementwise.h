@@ -19,6 +19,10 @@ void swiglu_forward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& 
 void swiglu_backward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& dh,
                      const gpu::Buffer& dg, const gpu::Buffer& du, uint64_t n);
 
+// y = x rounded to fp16 (round to nearest even, as io::float_to_f16), y packed fp16 [n] (bytes:
+// n * 2 rounded up to 4; an odd n writes a 0 after the last value).
+void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n);
+
 // y[r, :] += bias for y fp32 [rows, cols], bias fp32 [cols].
 void add_row_bias(gpu::Context& ctx, const gpu::Buffer& bias, const gpu::Buffer& y, uint32_t rows, uint32_t cols);
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <random>
 
+#include "io/float16.h"
 #include "ops/elementwise.h"
 #include "ops/ref/elementwise_ref.h"
 #include "ops/ref/swiglu_ref.h"
@@ -38,6 +39,36 @@ TEST_F(ElementwiseTest, AddScaleSilu) {
     expect_close(result(gs, n), s, 1e-6);
     expect_close(result(gsi, n), si, 1e-5);
     expect_close(result(gdx, n), dx, 1e-5);
+  }
+}
+
+// Bit-exact against io::float_to_f16 (round to nearest even), including values that round to
+// infinity, subnormals, ties and the zero padding after an odd count.
+TEST_F(ElementwiseTest, ToF16IsTheCpuRounding) {
+  for (size_t n : {1u, 2u, 7u, 100003u}) {
+    SCOPED_TRACE(n);
+    auto x = random(n);
+    const float special[] = {65519.0f, 65520.0f, -1e6f, 3e-8f, -6.1e-5f, 1.0f + 1.0f / 2048.0f, 0.0f};
+    for (size_t i = 0; i < n && i < std::size(special); ++i) {
+      x[i] = special[i];
+    }
+    auto gx = upload(x);
+    const size_t words = (n + 1) / 2;
+    gpu::Buffer gy = upload(std::vector<float>(words + 4, 0.0f));  // sentinel words follow
+    std::vector<uint32_t> fill(words + 4, 0xDEADBEEFu);
+    ctx().upload(gy, fill);
+    ops::to_f16(ctx(), gx, gy, n);
+    auto got = ctx().download<uint32_t>(gy, words + 4);
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t h = static_cast<uint16_t>(got[i / 2] >> (16 * (i % 2)));
+      ASSERT_EQ(h, io::float_to_f16(x[i])) << "element " << i << " = " << x[i];
+    }
+    if (n % 2 == 1) {
+      EXPECT_EQ(got[n / 2] >> 16, 0u);
+    }
+    for (size_t i = words; i < words + 4; ++i) {
+      EXPECT_EQ(got[i], 0xDEADBEEFu) << "write past the end";
+    }
   }
 }
 

@@ -66,6 +66,14 @@ TEST_F(ParityMixed, Qwen3TiledAttention) {
   run_parity(ctx(), r);
 }
 
+// The base products' fp32 inputs rounded while staged inside the GEMM (the _af32 kernels) instead
+// of into an fp16 copy first (TransformerOptions::fp16_input_copies).
+TEST_F(ParityMixed, Qwen3InputsRoundedInsideTheGemm) {
+  ParityRun r = mixed("qwen3-gqa-bf16", model::BaseQuant::nf4, ops::GemmKernel::automatic, false);
+  r.options.fp16_input_copies = false;
+  run_parity(ctx(), r);
+}
+
 TEST_F(ParityMixed, Qwen3Nf4_Emulated) {
   run_parity(ctx(), mixed("qwen3-gqa-bf16", model::BaseQuant::nf4, ops::GemmKernel::coopmat_emulated, false,
                           model::TransformerOptions::Nf4Products::fused));
