@@ -1,4 +1,5 @@
 #include "ops/attention.h"
+#include "ops/attention_common.h"
 #include "ops/chunking.h"
 
 #include <algorithm>
@@ -20,29 +21,14 @@ constexpr uint32_t kMaxHeadDim = 128;  // DMAX in the kernels
 constexpr uint32_t kQueryTile = 16;    // BQ of attn_fwd and attn_bwd_dq
 constexpr uint32_t kKeyTile = 16;      // BK of attn_bwd_dkdv
 
-struct Dims {
-  uint32_t batch, seq, nh, nkv, d;
-  // Elements per sequence of a q-like, a kv-like, a per-row-statistics and a segment array.
-  uint64_t q_seq() const { return uint64_t(seq) * nh * d; }
-  uint64_t kv_seq() const { return uint64_t(seq) * nkv * d; }
-  uint64_t stat_seq() const { return uint64_t(seq) * nh; }
-};
-
-void check_buffer(const char* op, const char* name, const gpu::Buffer& b, uint64_t elements) {
-  if (b.size < elements * 4)
-    throw std::invalid_argument(std::string(op) + ": buffer '" + name + "' has " + std::to_string(b.size) +
-                                " bytes, the shape needs " + std::to_string(elements * 4));
-}
+using Dims = AttentionDims;
 
 void check_dims(const char* op, const Dims& m) {
-  if (m.nh == 0 || m.nkv == 0 || m.nh % m.nkv != 0)
-    throw std::invalid_argument(std::string(op) + ": n_heads (" + std::to_string(m.nh) +
-                                ") must be a positive multiple of n_kv_heads (" + std::to_string(m.nkv) + ")");
-  if (m.d == 0 || m.d > kMaxHeadDim)
+  check_attention_heads(op, m);
+  if (m.d > kMaxHeadDim)
     throw std::invalid_argument(std::string(op) + ": head_dim " + std::to_string(m.d) + " is outside 1.." +
                                 std::to_string(kMaxHeadDim) + " (the kernels' tile width)");
 }
-
 
 // Sequences per dispatch so that the largest binding (plus alignment slack) fits the device.
 uint32_t sequences_per_dispatch(const gpu::Context& ctx, const char* op, const Dims& m) {
@@ -64,12 +50,7 @@ void attention_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffe
   const Dims m{batch, seq, n_heads, n_kv_heads, head_dim};
   check_dims(op, m);
   if (batch == 0 || seq == 0) return;
-  check_buffer(op, "q", q, m.q_seq() * batch);
-  check_buffer(op, "k", k, m.kv_seq() * batch);
-  check_buffer(op, "v", v, m.kv_seq() * batch);
-  check_buffer(op, "segments", segments, uint64_t(seq) * batch);
-  check_buffer(op, "out", out, m.q_seq() * batch);
-  check_buffer(op, "lse", lse, m.stat_seq() * batch);
+  check_attention_operands(op, m, q, k, v, segments, out, lse);
 
   const auto& p = ctx.pipelines().get("attn_fwd", 6, sizeof(AttnPush));
   const uint32_t per = sequences_per_dispatch(ctx, op, m);
@@ -105,16 +86,8 @@ void attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buff
   const Dims m{batch, seq, n_heads, n_kv_heads, head_dim};
   check_dims(op, m);
   if (batch == 0 || seq == 0) return;
-  check_buffer(op, "q", q, m.q_seq() * batch);
-  check_buffer(op, "k", k, m.kv_seq() * batch);
-  check_buffer(op, "v", v, m.kv_seq() * batch);
-  check_buffer(op, "segments", segments, uint64_t(seq) * batch);
-  check_buffer(op, "out", out, m.q_seq() * batch);
-  check_buffer(op, "lse", lse, m.stat_seq() * batch);
-  check_buffer(op, "dout", dout, m.q_seq() * batch);
-  check_buffer(op, "dq", dq, m.q_seq() * batch);
-  check_buffer(op, "dk", dk, m.kv_seq() * batch);
-  check_buffer(op, "dv", dv, m.kv_seq() * batch);
+  check_attention_operands(op, m, q, k, v, segments, out, lse);
+  check_attention_gradients(op, m, dout, dq, dk, dv);
 
   // D_i = dout_i . out_i per (sequence, head, query), written by attn_bwd_dq, read by attn_bwd_dkdv.
   gpu::Buffer drow = ctx.alloc(m.stat_seq() * batch * 4, "attention D");

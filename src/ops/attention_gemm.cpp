@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "ops/attention_common.h"
 #include "ops/chunking.h"
 
 namespace forja::ops {
@@ -28,31 +29,16 @@ constexpr uint32_t kMaxGroups = 65535;
 
 uint32_t round_up8(uint32_t n) { return (n + 7u) / 8u * 8u; }
 
-struct Dims {
-  uint32_t batch, seq, nh, nkv, d;
-  uint32_t rep() const { return nh / nkv; }
-  uint64_t q_seq() const { return uint64_t(seq) * nh * d; }   // q-like elements per sequence
-  uint64_t kv_seq() const { return uint64_t(seq) * nkv * d; }  // kv-like elements per sequence
-  uint64_t heads_seq() const { return uint64_t(nh) * seq * d; }  // [nh, S, d] per sequence
-};
+using Dims = AttentionDims;
 
 void check(const gpu::Context& ctx, const char* op, const Dims& m, const AttentionGemmOptions& o) {
-  if (m.nh == 0 || m.nkv == 0 || m.nh % m.nkv != 0)
-    throw std::invalid_argument(std::string(op) + ": n_heads (" + std::to_string(m.nh) +
-                                ") must be a positive multiple of n_kv_heads (" + std::to_string(m.nkv) + ")");
-  if (m.d == 0) throw std::invalid_argument(std::string(op) + ": head_dim is 0");
+  check_attention_heads(op, m);
   const uint64_t usable = usable_binding_bytes(ctx);
   const uint64_t chunk = attention_gemm_chunk_rows(ctx, m.seq, m.nh, o);
-  if (m.heads_seq() * 4 > usable || uint64_t(m.nh) * chunk * round_up8(m.seq) * 4 > usable)
+  if (m.q_seq() * 4 > usable || uint64_t(m.nh) * chunk * round_up8(m.seq) * 4 > usable)
     throw std::invalid_argument(std::string(op) + ": one sequence of " + std::to_string(m.seq) +
                                 " tokens needs bindings beyond the device's maxStorageBufferRange; lower the "
                                 "sequence length or use --precision fp32");
-}
-
-void check_size(const char* op, const char* name, const gpu::Buffer& b, uint64_t elements) {
-  if (b.size < elements * 4)
-    throw std::invalid_argument(std::string(op) + ": buffer '" + name + "' has " + std::to_string(b.size) +
-                                " bytes, the shape needs " + std::to_string(elements * 4));
 }
 
 uint32_t grid(uint64_t items) {
@@ -75,7 +61,7 @@ void pack(gpu::Context& ctx, const gpu::Buffer& src, uint32_t b, uint32_t n_src,
 
 // dst (fp32 [B*S, nkv, d], sequence b) = the sum over each kv head's query heads of src [nh, S, d].
 void sum_heads(gpu::Context& ctx, const gpu::Buffer& src, uint32_t b, const Dims& m, const gpu::Buffer& dst) {
-  const Bound bs = bind_elements(ctx, src, 0, m.heads_seq());
+  const Bound bs = bind_elements(ctx, src, 0, m.q_seq());
   const Bound bd = bind_elements(ctx, dst, b * m.kv_seq(), m.kv_seq());
   const uint32_t count = static_cast<uint32_t>(m.kv_seq());
   const PackPush push{m.seq, m.nkv, m.rep(), m.d, bs.offset, bd.offset, count};
@@ -142,18 +128,13 @@ void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::
   const Dims m{batch, seq, n_heads, n_kv_heads, head_dim};
   if (batch == 0 || seq == 0) return;
   check(ctx, op, m, o);
-  check_size(op, "q", q, m.q_seq() * batch);
-  check_size(op, "k", k, m.kv_seq() * batch);
-  check_size(op, "v", v, m.kv_seq() * batch);
-  check_size(op, "segments", segments, uint64_t(seq) * batch);
-  check_size(op, "out", out, m.q_seq() * batch);
-  check_size(op, "lse", lse, uint64_t(n_heads) * seq * batch);
+  check_attention_operands(op, m, q, k, v, segments, out, lse);
 
   const uint32_t C = attention_gemm_chunk_rows(ctx, seq, n_heads, o);
   const uint64_t chunk_elems = uint64_t(n_heads) * C * round_up8(seq);
-  gpu::Buffer q16 = alloc_f16(ctx, m.heads_seq(), "attention q fp16");
-  gpu::Buffer k16 = alloc_f16(ctx, m.heads_seq(), "attention k fp16");
-  gpu::Buffer v16 = alloc_f16(ctx, m.heads_seq(), "attention v fp16");
+  gpu::Buffer q16 = alloc_f16(ctx, m.q_seq(), "attention q fp16");
+  gpu::Buffer k16 = alloc_f16(ctx, m.q_seq(), "attention k fp16");
+  gpu::Buffer v16 = alloc_f16(ctx, m.q_seq(), "attention v fp16");
   gpu::Buffer scores = ctx.alloc(chunk_elems * 4, "attention scores");
   gpu::Buffer p16 = alloc_f16(ctx, chunk_elems, "attention P");
   const auto& softmax = ctx.pipelines().get("attn_gemm_softmax", 4, sizeof(RowPush));
@@ -197,25 +178,17 @@ void attention_gemm_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu:
   const Dims m{batch, seq, n_heads, n_kv_heads, head_dim};
   if (batch == 0 || seq == 0) return;
   check(ctx, op, m, o);
-  check_size(op, "q", q, m.q_seq() * batch);
-  check_size(op, "k", k, m.kv_seq() * batch);
-  check_size(op, "v", v, m.kv_seq() * batch);
-  check_size(op, "segments", segments, uint64_t(seq) * batch);
-  check_size(op, "out", out, m.q_seq() * batch);
-  check_size(op, "lse", lse, uint64_t(n_heads) * seq * batch);
-  check_size(op, "dout", dout, m.q_seq() * batch);
-  check_size(op, "dq", dq, m.q_seq() * batch);
-  check_size(op, "dk", dk, m.kv_seq() * batch);
-  check_size(op, "dv", dv, m.kv_seq() * batch);
+  check_attention_operands(op, m, q, k, v, segments, out, lse);
+  check_attention_gradients(op, m, dout, dq, dk, dv);
 
   const uint32_t C = attention_gemm_chunk_rows(ctx, seq, n_heads, o);
   const uint64_t chunk_elems = uint64_t(n_heads) * C * round_up8(seq);
-  gpu::Buffer q16 = alloc_f16(ctx, m.heads_seq(), "attention q fp16");
-  gpu::Buffer k16 = alloc_f16(ctx, m.heads_seq(), "attention k fp16");
-  gpu::Buffer v16 = alloc_f16(ctx, m.heads_seq(), "attention v fp16");
-  gpu::Buffer do16 = alloc_f16(ctx, m.heads_seq(), "attention dout fp16");
-  gpu::Buffer dk_heads = ctx.alloc(m.heads_seq() * 4, "attention dk per query head");
-  gpu::Buffer dv_heads = ctx.alloc(m.heads_seq() * 4, "attention dv per query head");
+  gpu::Buffer q16 = alloc_f16(ctx, m.q_seq(), "attention q fp16");
+  gpu::Buffer k16 = alloc_f16(ctx, m.q_seq(), "attention k fp16");
+  gpu::Buffer v16 = alloc_f16(ctx, m.q_seq(), "attention v fp16");
+  gpu::Buffer do16 = alloc_f16(ctx, m.q_seq(), "attention dout fp16");
+  gpu::Buffer dk_heads = ctx.alloc(m.q_seq() * 4, "attention dk per query head");
+  gpu::Buffer dv_heads = ctx.alloc(m.q_seq() * 4, "attention dv per query head");
   gpu::Buffer scores = ctx.alloc(chunk_elems * 4, "attention scores");
   gpu::Buffer dp = ctx.alloc(chunk_elems * 4, "attention dP");
   gpu::Buffer p16 = alloc_f16(ctx, chunk_elems, "attention P");
