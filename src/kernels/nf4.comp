@@ -9,7 +9,8 @@
 // nf4_f16 writes fp16 instead (round to nearest even), for mixed precision: the layer's weight is
 // dequantised once into a scratch buffer that the dense cooperative-matrix GEMM then reads, which
 // runs several times faster than decoding inside the product's inner loop. count is a multiple
-// of 8 there (the host checks), so every invocation writes whole words.
+// of 8 there (the host checks), so every invocation writes whole words. The codebook is read from
+// a shared-memory copy (see NF4_CODE_AT in nf4_common.glsl).
 //! variant nf4
 //! variant nf4_f16 -DOUT_F16
 #extension GL_EXT_control_flow_attributes : require
@@ -29,6 +30,8 @@ float nf4_offset() { return pc.absmax_offset; }
 #define NF4_ABSMAX_BINDING 1
 #define NF4_NESTED_BINDING 2
 #define NF4_CODE8_BINDING 3
+shared float nf4_lut[16];
+#define NF4_CODE_AT(i) nf4_lut[i]
 #include "nf4_common.glsl"
 
 #ifdef OUT_F16
@@ -39,6 +42,8 @@ layout(set = 0, binding = 4) writeonly buffer Out { float dst[]; };
 #endif
 
 void main() {
+  if (gl_LocalInvocationIndex < 16u) nf4_lut[gl_LocalInvocationIndex] = NF4_CODE[gl_LocalInvocationIndex];
+  barrier();
   const uint t = gl_WorkGroupID.y * pc.groups_x * 256u + gl_WorkGroupID.x * 256u + gl_LocalInvocationIndex;
   const uint local = t * 8u;  // element offset inside this dispatch
   if (local >= pc.count) return;

@@ -47,13 +47,20 @@ uint nf4_index(uint e) {
 // W[e], dequantised.
 float nf4_value(uint e) { return NF4_CODE[nf4_index(e)] * nf4_block_absmax(e >> 6); }
 
+// The code of index i. A shader may define NF4_CODE_AT before including this file to read a
+// copy of the table in shared memory: NVIDIA places the constant array in its constant bank,
+// whose reads serialise when the threads of a warp ask for different entries.
+#ifndef NF4_CODE_AT
+#define NF4_CODE_AT(i) NF4_CODE[i]
+#endif
+
 // The 8 consecutive elements 8w .. 8w+7 (one packed word, always inside one block of 64),
 // given their block's absmax. v[i] is element 8w + i.
 void nf4_decode_word(uint w, float absmax, out float v[8]) {
   const uint word = nf4_packed[w];
   [[unroll]] for (uint j = 0; j < 4u; ++j) {
     const uint byte = (word >> (8u * j)) & 0xffu;
-    v[2u * j] = NF4_CODE[byte >> 4] * absmax;
-    v[2u * j + 1u] = NF4_CODE[byte & 0xfu] * absmax;
+    v[2u * j] = NF4_CODE_AT(byte >> 4) * absmax;
+    v[2u * j + 1u] = NF4_CODE_AT(byte & 0xfu) * absmax;
   }
 }

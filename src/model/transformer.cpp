@@ -23,9 +23,11 @@ using ops::GemmShape;
 using ops::MatrixView;
 
 namespace {
-// A LoRA product, filed under its own name in the GPU profile (FORJA_PROFILE=1).
-GemmShape lora_product(GemmShape s) {
-  s.op = "lora_gemm";
+// A LoRA product, filed under its own name in the GPU profile (FORJA_PROFILE=1): lora_xa (t = x
+// A^T), lora_tb (y += s t B^T), lora_db (dB), lora_dt (dt = s dy B), lora_da (dA), lora_dx (dx +=
+// dt A).
+GemmShape lora_product(GemmShape s, const char* op) {
+  s.op = op;
   return s;
 }
 }  // namespace
@@ -206,7 +208,7 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
     const uint32_t r = s->rank;
     // t = x A^T (or dropout(x) A^T)  [T, r];  y += scale * t B^T
     lora_input_forward(layer, *s, x, lora_t);
-    ops::gemm(ctx_, lora_product({T, s->out, r, false, true, lora_.scale(), 1.0f}), MatrixView{lora_t, DType::f32, 0, r},
+    ops::gemm(ctx_, lora_product({T, s->out, r, false, true, lora_.scale(), 1.0f}, "lora_tb"), MatrixView{lora_t, DType::f32, 0, r},
               MatrixView{lora_.b(*s), DType::f32, 0, r}, MatrixView{y, DType::f32, 0, s->out});
   }
 }
@@ -229,21 +231,21 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   const float scale = lora_.scale();
   const gpu::Buffer dt = grad_->dt;
   // dB += scale * dy^T t          [out, r]   (lora_grad_scale_: see run)
-  ops::gemm(ctx_, lora_product({s->out, r, T, true, false, scale * lora_grad_scale_, 1.0f}),
+  ops::gemm(ctx_, lora_product({s->out, r, T, true, false, scale * lora_grad_scale_, 1.0f}, "lora_db"),
             MatrixView{dy, DType::f32, 0, s->out},
             MatrixView{lora_t, DType::f32, 0, r}, MatrixView{lora_.grad_b(*s), DType::f32, 0, r});
   // dt = scale * dy B             [T, r]
-  ops::gemm(ctx_, lora_product({T, r, s->out, false, false, scale, 0.0f}), MatrixView{dy, DType::f32, 0, s->out},
+  ops::gemm(ctx_, lora_product({T, r, s->out, false, false, scale, 0.0f}, "lora_dt"), MatrixView{dy, DType::f32, 0, s->out},
             MatrixView{lora_.b(*s), DType::f32, 0, r}, MatrixView{dt, DType::f32, 0, r});
   if (dropout_on_) {
     lora_input_backward_dropout(layer, *s, x, dt, dx, lora_grad_scale_);
     return;
   }
   // dA += dt^T x                  [r, in]
-  ops::gemm(ctx_, lora_product({r, s->in, T, true, false, lora_grad_scale_, 1.0f}), MatrixView{dt, DType::f32, 0, r},
+  ops::gemm(ctx_, lora_product({r, s->in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"), MatrixView{dt, DType::f32, 0, r},
             MatrixView{x, DType::f32, 0, s->in}, MatrixView{lora_.grad_a(*s), DType::f32, 0, s->in});
   // dx += dt A                    [T, in]
-  ops::gemm(ctx_, lora_product({T, s->in, r, false, false, 1.0f, 1.0f}), MatrixView{dt, DType::f32, 0, r},
+  ops::gemm(ctx_, lora_product({T, s->in, r, false, false, 1.0f, 1.0f}, "lora_dx"), MatrixView{dt, DType::f32, 0, r},
             MatrixView{lora_.a(*s), DType::f32, 0, s->in}, MatrixView{dx, DType::f32, 0, s->in});
 }
 
@@ -255,7 +257,7 @@ void Transformer::set_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro_
 void Transformer::lora_input_forward(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& lora_t) {
   const uint32_t T = tokens_, r = s.rank;
   if (!dropout_on_) {
-    ops::gemm(ctx_, lora_product({T, r, s.in, false, true}), MatrixView{x, DType::f32, 0, s.in},
+    ops::gemm(ctx_, lora_product({T, r, s.in, false, true}, "lora_xa"), MatrixView{x, DType::f32, 0, s.in},
               MatrixView{lora_.a(s), DType::f32, 0, s.in}, MatrixView{lora_t, DType::f32, 0, r});
     return;
   }
@@ -266,7 +268,7 @@ void Transformer::lora_input_forward(size_t layer, const LoraSlot& s, const gpu:
     const uint32_t n = std::min(chunk, T - r0);
     // scratch = dropout(x[r0 : r0 + n]);  t[r0 : r0 + n] = scratch A^T
     ops::dropout_apply(ctx_, d, x, uint64_t(r0) * s.in, dropout_scratch_, 0, r0, n, s.in, false);
-    ops::gemm(ctx_, lora_product({n, r, s.in, false, true}), MatrixView{dropout_scratch_, DType::f32, 0, s.in},
+    ops::gemm(ctx_, lora_product({n, r, s.in, false, true}, "lora_xa"), MatrixView{dropout_scratch_, DType::f32, 0, s.in},
               MatrixView{lora_.a(s), DType::f32, 0, s.in}, MatrixView{lora_t, DType::f32, uint64_t(r0) * r, r});
   }
 }
@@ -283,10 +285,10 @@ void Transformer::lora_input_backward_dropout(size_t layer, const LoraSlot& s, c
     const MatrixView scratch{dropout_scratch_, DType::f32, 0, s.in};
     // the forward's mask, regenerated:  scratch = dropout(x[rows]);  dA += dt[rows]^T scratch
     ops::dropout_apply(ctx_, d, x, uint64_t(r0) * s.in, dropout_scratch_, 0, r0, n, s.in, false);
-    ops::gemm(ctx_, lora_product({r, s.in, n, true, false, grad_a_scale, 1.0f}), dt_rows, scratch,
+    ops::gemm(ctx_, lora_product({r, s.in, n, true, false, grad_a_scale, 1.0f}, "lora_da"), dt_rows, scratch,
               MatrixView{lora_.grad_a(s), DType::f32, 0, s.in});
     // scratch = dt[rows] A;  dx[rows] += mask * scratch (dropout's backward is the same mask)
-    ops::gemm(ctx_, lora_product({n, s.in, r, false, false, 1.0f, 0.0f}), dt_rows,
+    ops::gemm(ctx_, lora_product({n, s.in, r, false, false, 1.0f, 0.0f}, "lora_dx"), dt_rows,
               MatrixView{lora_.a(s), DType::f32, 0, s.in}, scratch);
     ops::dropout_apply(ctx_, d, dropout_scratch_, 0, dx, uint64_t(r0) * s.in, r0, n, s.in, true);
   }
