@@ -123,7 +123,17 @@ DeviceInfo probe(VkInstance instance, VkPhysicalDevice pd, uint32_t index) {
   subgroup.pNext = &driver;
   driver.pNext = &m3;
   m3.pNext = &sgctl;
+  VkPhysicalDeviceShaderSMBuiltinsPropertiesNV sm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV};
+  VkPhysicalDeviceShaderCorePropertiesAMD amd{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CORE_PROPERTIES_AMD};
+  void** tail = &sgctl.pNext;
+  if (has_extension(exts, "VK_NV_shader_sm_builtins")) {
+    *tail = &sm;
+    tail = &sm.pNext;
+  }
+  if (has_extension(exts, "VK_AMD_shader_core_properties")) *tail = &amd;
   vkGetPhysicalDeviceProperties2(pd, &props);
+  d.compute_units = sm.shaderSMCount ? sm.shaderSMCount
+                                     : amd.shaderEngineCount * amd.shaderArraysPerEngineCount * amd.computeUnitsPerShaderArray;
   const VkPhysicalDeviceLimits& lim = props.properties.limits;
 
   d.name = props.properties.deviceName;
@@ -266,7 +276,9 @@ std::string DeviceInfo::describe() const {
   os << "  subgroup size " << subgroup_size;
   if (min_subgroup_size != max_subgroup_size) os << " (" << min_subgroup_size << ".." << max_subgroup_size << ")";
   os << ", shared memory " << max_shared_memory / 1024 << " KiB, max storage buffer range "
-     << bytes_string(max_storage_buffer_range) << "\n";
+     << bytes_string(max_storage_buffer_range);
+  if (compute_units) os << ", " << compute_units << " compute units";
+  os << "\n";
   os << "  memory heaps:";
   for (size_t i = 0; i < heaps.size(); ++i)
     os << (i ? "," : "") << " " << bytes_string(heaps[i].size) << (heaps[i].device_local ? " device-local" : " host")

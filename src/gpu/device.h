@@ -58,6 +58,9 @@ struct DeviceInfo {
   uint32_t max_push_constants = 0;
   uint32_t max_workgroup_count[3] = {0, 0, 0};
   uint32_t max_workgroup_invocations = 0;
+  // Streaming multiprocessors / compute units, where the driver says (VK_NV_shader_sm_builtins,
+  // VK_AMD_shader_core_properties); 0 = unknown. The GEMM's tile choice uses it (ops/gemm.cpp).
+  uint32_t compute_units = 0;
   float timestamp_period_ns = 0;
   bool timestamps = false;
   std::vector<MemoryHeapInfo> heaps;

@@ -76,20 +76,33 @@ ScalarTile scalar_tile(const gpu::Context& ctx, const GemmShape& s, GemmKernel k
   return kScalarT128;
 }
 
-CoopTile coop_tile(const GemmShape& s, bool emulated) {
+CoopTile coop_tile(const GemmShape& s, bool emulated, uint32_t compute_units) {
   // Largest tile that still gives the device enough workgroups to fill it, skipping tiles at
   // least twice as tall (wide) as the product, which would leave half of their rows (columns)
   // idle: attention's chunks of 128 query rows, head_dim 128 wide.
   static const CoopTile candidates[] = {
       {256, 128, 32, 4, 2, 1}, {128, 256, 32, 2, 4, 1}, {128, 128, 32, 2, 2, 2}, {64, 64, 32, 2, 2, 2}};
-  if (emulated) return {64, 64, 32, 2, 2, 2};
+  const CoopTile& smallest = candidates[3];
+  if (emulated) return smallest;
   const uint64_t want_groups = 120;
   for (const CoopTile& t : candidates) {
-    if (&t != &candidates[3] && (2 * s.m <= t.bm || 2 * s.n <= t.bn)) continue;
-    uint64_t groups = uint64_t((s.m + t.bm - 1) / t.bm) * ((s.n + t.bn - 1) / t.bn) * s.batch;
-    if (groups >= want_groups || &t == &candidates[3]) return t;
+    if (&t == &smallest) return t;
+    if (2 * s.m <= t.bm || 2 * s.n <= t.bn) continue;
+    const uint64_t groups = uint64_t((s.m + t.bm - 1) / t.bm) * ((s.n + t.bn - 1) / t.bn) * s.batch;
+    if (groups < want_groups) continue;
+    if (compute_units > 0) {
+      // Wave quantisation: the larger tiles run about one workgroup per compute unit at a time,
+      // so groups = 1.2 waves takes as long as 2 full ones. On an H200 (132 SMs) the 2048 x 2560
+      // outputs (o_proj, down_proj, input gradients of Qwen3-4B) ran at 100-111 TFLOP/s with
+      // 256x128 (160 groups, 61% of the last two waves busy) or 128x128 (320, 81%) and at
+      // 113-130 with 64x64; outputs that fill their waves (2048 x 4096: 256 groups, 97%) run at
+      // 155-165 with 256x128 against 115-130 with 64x64 (docs/benchmarks.md).
+      const uint64_t waves = (groups + compute_units - 1) / compute_units;
+      if (groups * 100 < waves * compute_units * 85) continue;
+    }
+    return t;
   }
-  return candidates[3];
+  return smallest;
 }
 
 uint32_t coop_shared_bytes(const CoopTile& t, bool ta, bool tb) {
@@ -172,7 +185,7 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
     return;
   }
   const bool emulated = kernel == GemmKernel::coopmat_emulated;
-  CoopTile t = coop_tile(s, emulated);
+  CoopTile t = coop_tile(s, emulated, ctx.info().compute_units);
   while (coop_shared_bytes(t, s.trans_a, s.trans_b) > ctx.info().max_shared_memory && t.bm > 64) t = {64, 64, 32, 2, 2, 2};
   // Vector loads need every 8-half chunk of the stored rows to be aligned and whole.
   const uint64_t a_contig = s.trans_a ? s.m : s.k, b_contig = s.trans_b ? s.k : s.n;
@@ -225,6 +238,11 @@ void gemm_split_k(gpu::Context& ctx, const GemmShape& s, uint32_t slices, const 
 }
 
 }  // namespace
+
+CoopTileSize gemm_coop_tile_size(const GemmShape& shape, uint32_t compute_units) {
+  const CoopTile t = coop_tile(shape, false, compute_units);
+  return {t.bm, t.bn};
+}
 
 uint32_t gemm_split_k_slices(const GemmShape& s) {
   if (s.batch != 1) return 1;  // batches are split across workgroups already

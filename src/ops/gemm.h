@@ -60,6 +60,14 @@ std::string gemm_kernel_name(GemmKernel k);
 // handful of workgroups while most of a GPU idles.
 uint32_t gemm_split_k_slices(const GemmShape& shape);
 
+// The output tile (rows x columns) of the cooperative-matrix kernel for this product on a device
+// with `compute_units` SMs / CUs (0 = unknown): the largest tile that gives enough workgroups,
+// passing over one whose last wave would leave many compute units idle.
+struct CoopTileSize {
+  uint32_t rows = 0, cols = 0;
+};
+CoopTileSize gemm_coop_tile_size(const GemmShape& shape, uint32_t compute_units);
+
 void gemm(gpu::Context& ctx, const GemmShape& shape, const MatrixView& a, const MatrixView& b, const MatrixView& c,
           GemmKernel kernel = GemmKernel::automatic);
 

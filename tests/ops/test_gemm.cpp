@@ -342,6 +342,26 @@ TEST_F(GemmTest, SplitKOnlyForFewTilesWithLongK) {
   EXPECT_LE(slices(2048, 1024, 100000) * 2048ull * 1024 * 4, 32ull << 20);
 }
 
+TEST(GemmTileChoice, CoopTilePassesOverMostlyEmptyLastWaves) {
+  auto tile = [](uint32_t m, uint32_t n, uint32_t compute_units, uint32_t batch = 1) {
+    ops::GemmShape s{m, n, 2560};
+    s.batch = batch;
+    const ops::CoopTileSize t = ops::gemm_coop_tile_size(s, compute_units);
+    return std::to_string(t.rows) + "x" + std::to_string(t.cols);
+  };
+  // Unknown compute units: the largest tile with enough workgroups, as before.
+  EXPECT_EQ(tile(2048, 2560, 0), "256x128");
+  EXPECT_EQ(tile(2048, 1024, 0), "128x128");
+  // 132 SMs (H200): 2048 x 2560 gives 160 groups of 256x128 (the second wave 21% busy) and 320
+  // of 128x128 (third wave 42%): the 64x64 tile.
+  EXPECT_EQ(tile(2048, 2560, 132), "64x64");
+  EXPECT_EQ(tile(2048, 4096, 132), "256x128");  // 256 groups: two waves, 97% busy
+  EXPECT_EQ(tile(2048, 9728, 132), "256x128");  // 608 groups: five waves, 92%
+  EXPECT_EQ(tile(2048, 1024, 132), "128x128");  // 128 groups: one wave
+  EXPECT_EQ(tile(512, 2048, 132, 32), "256x128");  // attention scores, 32 heads: 1024 groups
+  EXPECT_EQ(tile(128, 128, 132), "64x64");       // too few groups for any larger tile
+}
+
 TEST_F(GemmTest, SplitsOperandsLargerThanTheBindingLimit) {
   const uint64_t range = ctx().info().max_storage_buffer_range;
   if (range > (256ull << 20)) GTEST_SKIP() << "binding limit " << range << " too large to exceed cheaply";
