@@ -1,5 +1,6 @@
 #include "model/lora.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -53,7 +54,9 @@ LoraSet::LoraSet(gpu::Context& ctx, const ModelConfig& config, const LoraSetting
                     std::to_string(settings.dropout));
   // Each tensor starts on a 16-byte boundary (4 floats) so views of it can be bound directly.
   auto align4 = [](uint64_t n) { return (n + 3) / 4 * 4; };
-  for (int64_t layer = 0; layer < config.num_layers; ++layer)
+  // Per layer: the A's of its adapters in projection order, then the B's (see lora.h).
+  for (int64_t layer = 0; layer < config.num_layers; ++layer) {
+    const size_t first = slots_.size();
     for (LinearKind kind : kAllLinears) {
       if (!settings.targets[static_cast<int>(kind)]) continue;
       const LinearShape shape = linear_shape(config, kind);
@@ -65,10 +68,13 @@ LoraSet::LoraSet(gpu::Context& ctx, const ModelConfig& config, const LoraSetting
       s.rank = static_cast<uint32_t>(settings.rank);
       s.a_offset = total_;
       total_ += align4(uint64_t(s.rank) * s.in);
-      s.b_offset = total_;
-      total_ += align4(uint64_t(s.out) * s.rank);
       slots_.push_back(s);
     }
+    for (size_t i = first; i < slots_.size(); ++i) {
+      slots_[i].b_offset = total_;
+      total_ += align4(uint64_t(slots_[i].out) * slots_[i].rank);
+    }
+  }
   if (slots_.empty()) throw UserError("no LoRA targets chosen (--lora-targets)");
   params_ = ctx.alloc(total_ * 4, "LoRA parameters");
   grads_ = ctx.alloc(total_ * 4, "LoRA gradients");
@@ -88,6 +94,56 @@ const LoraSlot* LoraSet::find(int64_t layer, LinearKind kind) const {
 }
 
 void LoraSet::zero_grads() { ctx_.fill(grads_, 0); }
+
+uint32_t LoraSet::shared_input_run(int64_t layer, std::initializer_list<LinearKind> kinds) const {
+  const LoraSlot* first = nullptr;
+  uint32_t n = 0;
+  for (LinearKind k : kinds) {
+    const LoraSlot* s = find(layer, k);
+    if (!s) break;
+    if (first && (s->in != first->in || s->rank != first->rank ||
+                  s->a_offset != first->a_offset + uint64_t(n) * first->rank * first->in))
+      break;
+    if (!first) first = s;
+    ++n;
+  }
+  return n;
+}
+
+namespace {
+// Each slot's A then B, every tensor from a multiple of 4 floats: the layout of forja's earlier
+// parameter buffers, which checkpoints keep.
+template <class F>
+void for_each_slot_order_tensor(const std::vector<LoraSlot>& slots, F&& f) {
+  auto align4 = [](uint64_t n) { return (n + 3) / 4 * 4; };
+  uint64_t at = 0;
+  for (const LoraSlot& s : slots) {
+    const uint64_t na = uint64_t(s.rank) * s.in, nb = uint64_t(s.out) * s.rank;
+    f(at, s.a_offset, na);
+    at += align4(na);
+    f(at, s.b_offset, nb);
+    at += align4(nb);
+  }
+}
+}  // namespace
+
+std::vector<float> LoraSet::to_slot_order(const std::vector<float>& v) const {
+  if (v.size() != total_) throw std::logic_error("LoraSet::to_slot_order: size differs from the parameter count");
+  std::vector<float> out(total_, 0.0f);
+  for_each_slot_order_tensor(slots_, [&](uint64_t canonical, uint64_t here, uint64_t n) {
+    std::copy_n(v.begin() + here, n, out.begin() + canonical);
+  });
+  return out;
+}
+
+std::vector<float> LoraSet::from_slot_order(const std::vector<float>& v) const {
+  if (v.size() != total_) throw std::logic_error("LoraSet::from_slot_order: size differs from the parameter count");
+  std::vector<float> out(total_, 0.0f);
+  for_each_slot_order_tensor(slots_, [&](uint64_t canonical, uint64_t here, uint64_t n) {
+    std::copy_n(v.begin() + canonical, n, out.begin() + here);
+  });
+  return out;
+}
 
 void LoraSet::init_peft(uint64_t seed) {
   // kaiming_uniform_(a=sqrt(5)) on [r, in]: bound = sqrt(6 / ((1 + 5) * in)) = 1 / sqrt(in).

@@ -1,6 +1,9 @@
 // LoRA adapters on the GPU: for every (layer, target projection) an A [r, in] and a B [out, r],
 // fp32, all in one parameter buffer so that the optimizer, the gradient norm and checkpoints
 // handle them in one piece; gradients, and AdamW's two moments, are buffers of the same layout.
+// Within a layer the A's come first, in projection order (q, k, v, o, gate, up, down), then the
+// B's: the A's of projections that read the same input (q, k, v; gate, up) then form one
+// [n*r, in] matrix, and the engine multiplies by it once (shared_input_run).
 //
 // Forward of a target: y = base(x) + scale * (dropout(x) A^T) B^T, scale = alpha / r (or
 // alpha / sqrt(r) with rsLoRA); dropout with p = LoraSettings::dropout in [0, 1) acts in training
@@ -9,6 +12,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <vector>
 
@@ -59,6 +63,17 @@ class LoraSet {
   gpu::Buffer b(const LoraSlot& s) const { return params_.slice(s.b_offset * 4, uint64_t(s.out) * s.rank * 4); }
   gpu::Buffer grad_a(const LoraSlot& s) const { return grads_.slice(s.a_offset * 4, uint64_t(s.rank) * s.in * 4); }
   gpu::Buffer grad_b(const LoraSlot& s) const { return grads_.slice(s.b_offset * 4, uint64_t(s.out) * s.rank * 4); }
+
+  // How many of `kinds` (consecutive projections with the same input), from the first, have
+  // adapters whose A's lie back to back with the same rank and width: the rows of one matrix
+  // [n * rank, in] starting at the first one's a_offset. 0 when the first has no adapter.
+  uint32_t shared_input_run(int64_t layer, std::initializer_list<LinearKind> kinds) const;
+
+  // Host copies of a params-layout vector (the AdamW moments) in slot order: each slot's A then
+  // B, every tensor from a multiple of 4 floats, the layout checkpoints keep (that of earlier
+  // versions, whose parameter buffer was in slot order), and back.
+  std::vector<float> to_slot_order(const std::vector<float>& v) const;
+  std::vector<float> from_slot_order(const std::vector<float>& v) const;
 
   // PEFT initialisation (A Kaiming-uniform from `seed`, B zero).
   void init_peft(uint64_t seed);

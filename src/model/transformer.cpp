@@ -47,7 +47,7 @@ struct Transformer::LayerActs {
   gpu::Buffer att, lse;            // [T, nh*d], [B, nh, S]
   gpu::Buffer x2, h2, rstd2;       // residual after attention, post-attention norm
   gpu::Buffer g, u, act;           // [T, I] gate, up, silu(gate) * up
-  std::array<gpu::Buffer, 7> t;    // LoRA x A^T per projection, [T, r]
+  gpu::Buffer t;                   // LoRA x A^T of every target, [T, targets * r] (lora_view)
 };
 
 // Activation gradients, shared by all layers.
@@ -58,7 +58,7 @@ struct Transformer::GradScratch {
   gpu::Buffer dq, dk, dv;      // after attention's backward
   gpu::Buffer dq_raw, dk_raw;  // before the q/k norm
   gpu::Buffer dg, du, dact;    // [T, I]
-  gpu::Buffer dt;              // [T, r]
+  gpu::Buffer dt;              // LoRA dt of every target, [T, targets * r] (lora_view)
 };
 
 gpu::Buffer Transformer::alloc(uint64_t bytes, const char* what) {
@@ -96,6 +96,13 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
     if (largest > 0) nf4_scratch_ = alloc(largest * 2, "nf4 dequantised weight (fp16)");
   }
   max_tokens_ = max_batch * max_seq;
+  // The column block of each target in the [T, targets * r] LoRA buffers, in projection order, so
+  // that projections sharing an input sit side by side like their A's (LoraSet::shared_input_run).
+  for (LinearKind k : kAllLinears)
+    if (lora_.find(0, k)) {
+      lora_column_[static_cast<int>(k)] = lora_width_;
+      lora_width_ += static_cast<uint32_t>(lora.settings().rank);
+    }
   if (options.precision == Precision::mixed && options.fp16_input_copies) {
     uint64_t widest = 0;
     for (const BaseLayer& layer : base.layers)
@@ -103,7 +110,7 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
     if (widest > 0) input16_ = alloc((uint64_t(max_tokens_) * widest * 2 + 3) / 4 * 4, "base product input (fp16)");
   }
   const uint64_t T = max_tokens_, H = c_.hidden_size, I = c_.intermediate_size, nh = c_.num_heads,
-                 nkv = c_.num_kv_heads, d = c_.head_dim, r = lora.settings().rank;
+                 nkv = c_.num_kv_heads, d = c_.head_dim;
   ids_ = alloc(T * 4, "input ids");
   targets_ = alloc(T * 4, "targets");
   positions_ = alloc(T * 4, "positions");
@@ -131,8 +138,7 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
     a->g = alloc(T * I * 4, "gate");
     a->u = alloc(T * I * 4, "up");
     a->act = alloc(T * I * 4, "swiglu");
-    for (LinearKind k : kAllLinears)
-      if (lora_.find(0, k)) a->t[static_cast<int>(k)] = alloc(T * r * 4, "lora t");
+    a->t = alloc(T * lora_width_ * 4, "lora t");
     acts_.push_back(std::move(a));
   }
   grad_ = std::make_unique<GradScratch>();
@@ -149,7 +155,7 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   grad_->dg = alloc(T * I * 4, "dgate");
   grad_->du = alloc(T * I * 4, "dup");
   grad_->dact = alloc(T * I * 4, "dswiglu");
-  grad_->dt = alloc(T * r * 4, "lora dt");
+  grad_->dt = alloc(T * lora_width_ * 4, "lora dt");
   final_h_ = alloc(T * H * 4, "final norm");
   final_rstd_ = alloc(T * 4, "final rstd");
   if (lora_.settings().dropout > 0) {
@@ -192,8 +198,39 @@ MatrixView Transformer::base_input(const gpu::Buffer& x, uint32_t cols) {
   return MatrixView{input16_, DType::f16, 0, cols};
 }
 
+MatrixView Transformer::lora_view(const gpu::Buffer& b, LinearKind kind, uint64_t row0) const {
+  return MatrixView{b, DType::f32, row0 * lora_width_ + lora_column_[static_cast<int>(kind)], lora_width_};
+}
+
+uint32_t Transformer::lora_group(size_t layer, std::initializer_list<LinearKind> kinds) const {
+  if (dropout_on_) return 0;  // each projection draws its own dropout mask on the shared input
+  const uint32_t n = lora_.shared_input_run(static_cast<int64_t>(layer), kinds);
+  return n >= 2 ? n : 0;
+}
+
+void Transformer::lora_group_forward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x,
+                                     const gpu::Buffer& lora_t) {
+  const LoraSlot& s = *lora_.find(static_cast<int64_t>(layer), first);
+  const uint32_t T = tokens_, rows = n * s.rank;
+  // [t_1 .. t_n] = x [A_1; ..; A_n]^T: one pass over x for n adapters.
+  ops::gemm(ctx_, lora_product({T, rows, s.in, false, true}, "lora_xa"), MatrixView{x, DType::f32, 0, s.in},
+            MatrixView{lora_.params(), DType::f32, s.a_offset, s.in}, lora_view(lora_t, first));
+}
+
+void Transformer::lora_group_backward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x,
+                                      const gpu::Buffer& dx) {
+  const LoraSlot& s = *lora_.find(static_cast<int64_t>(layer), first);
+  const uint32_t T = tokens_, rows = n * s.rank;
+  const MatrixView dt = lora_view(grad_->dt, first);
+  // [dA_1; ..; dA_n] += [dt_1 .. dt_n]^T x;  dx += [dt_1 .. dt_n] [A_1; ..; A_n]
+  ops::gemm(ctx_, lora_product({rows, s.in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"), dt,
+            MatrixView{x, DType::f32, 0, s.in}, MatrixView{lora_.grads(), DType::f32, s.a_offset, s.in});
+  ops::gemm(ctx_, lora_product({T, s.in, rows, false, false, 1.0f, 1.0f}, "lora_dx"), dt,
+            MatrixView{lora_.params(), DType::f32, s.a_offset, s.in}, MatrixView{dx, DType::f32, 0, s.in});
+}
+
 void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
-                                 const gpu::Buffer& lora_t, bool accumulate) {
+                                 const gpu::Buffer& lora_t, bool accumulate, bool lora_t_ready) {
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
   const uint32_t T = tokens_;
   const float beta = accumulate ? 1.0f : 0.0f;
@@ -206,15 +243,15 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
   if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
   if (const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind)) {
     const uint32_t r = s->rank;
-    // t = x A^T (or dropout(x) A^T)  [T, r];  y += scale * t B^T
-    lora_input_forward(layer, *s, x, lora_t);
-    ops::gemm(ctx_, lora_product({T, s->out, r, false, true, lora_.scale(), 1.0f}, "lora_tb"), MatrixView{lora_t, DType::f32, 0, r},
+    // t = x A^T (or dropout(x) A^T)  [T, r], unless lora_group_forward made it;  y += scale * t B^T
+    if (!lora_t_ready) lora_input_forward(layer, *s, x, lora_t);
+    ops::gemm(ctx_, lora_product({T, s->out, r, false, true, lora_.scale(), 1.0f}, "lora_tb"), lora_view(lora_t, kind),
               MatrixView{lora_.b(*s), DType::f32, 0, r}, MatrixView{y, DType::f32, 0, s->out});
   }
 }
 
 void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
-                                  const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx) {
+                                  const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx, bool grouped) {
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
   const uint32_t T = tokens_;
   const float beta = accumulate_dx ? 1.0f : 0.0f;
@@ -229,23 +266,24 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   if (!s) return;
   const uint32_t r = s->rank;
   const float scale = lora_.scale();
-  const gpu::Buffer dt = grad_->dt;
+  const MatrixView dt = lora_view(grad_->dt, kind);
   // dB += scale * dy^T t          [out, r]   (lora_grad_scale_: see run)
   ops::gemm(ctx_, lora_product({s->out, r, T, true, false, scale * lora_grad_scale_, 1.0f}, "lora_db"),
-            MatrixView{dy, DType::f32, 0, s->out},
-            MatrixView{lora_t, DType::f32, 0, r}, MatrixView{lora_.grad_b(*s), DType::f32, 0, r});
+            MatrixView{dy, DType::f32, 0, s->out}, lora_view(lora_t, kind),
+            MatrixView{lora_.grad_b(*s), DType::f32, 0, r});
   // dt = scale * dy B             [T, r]
   ops::gemm(ctx_, lora_product({T, r, s->out, false, false, scale, 0.0f}, "lora_dt"), MatrixView{dy, DType::f32, 0, s->out},
-            MatrixView{lora_.b(*s), DType::f32, 0, r}, MatrixView{dt, DType::f32, 0, r});
+            MatrixView{lora_.b(*s), DType::f32, 0, r}, dt);
   if (dropout_on_) {
-    lora_input_backward_dropout(layer, *s, x, dt, dx, lora_grad_scale_);
+    lora_input_backward_dropout(layer, *s, x, dx, lora_grad_scale_);
     return;
   }
+  if (grouped) return;  // dA and dx for the group: lora_group_backward
   // dA += dt^T x                  [r, in]
-  ops::gemm(ctx_, lora_product({r, s->in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"), MatrixView{dt, DType::f32, 0, r},
+  ops::gemm(ctx_, lora_product({r, s->in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"), dt,
             MatrixView{x, DType::f32, 0, s->in}, MatrixView{lora_.grad_a(*s), DType::f32, 0, s->in});
   // dx += dt A                    [T, in]
-  ops::gemm(ctx_, lora_product({T, s->in, r, false, false, 1.0f, 1.0f}, "lora_dx"), MatrixView{dt, DType::f32, 0, r},
+  ops::gemm(ctx_, lora_product({T, s->in, r, false, false, 1.0f, 1.0f}, "lora_dx"), dt,
             MatrixView{lora_.a(*s), DType::f32, 0, s->in}, MatrixView{dx, DType::f32, 0, s->in});
 }
 
@@ -258,7 +296,7 @@ void Transformer::lora_input_forward(size_t layer, const LoraSlot& s, const gpu:
   const uint32_t T = tokens_, r = s.rank;
   if (!dropout_on_) {
     ops::gemm(ctx_, lora_product({T, r, s.in, false, true}, "lora_xa"), MatrixView{x, DType::f32, 0, s.in},
-              MatrixView{lora_.a(s), DType::f32, 0, s.in}, MatrixView{lora_t, DType::f32, 0, r});
+              MatrixView{lora_.a(s), DType::f32, 0, s.in}, lora_view(lora_t, s.kind));
     return;
   }
   const ops::DropoutParams d = ops::dropout_params(
@@ -269,19 +307,19 @@ void Transformer::lora_input_forward(size_t layer, const LoraSlot& s, const gpu:
     // scratch = dropout(x[r0 : r0 + n]);  t[r0 : r0 + n] = scratch A^T
     ops::dropout_apply(ctx_, d, x, uint64_t(r0) * s.in, dropout_scratch_, 0, r0, n, s.in, false);
     ops::gemm(ctx_, lora_product({n, r, s.in, false, true}, "lora_xa"), MatrixView{dropout_scratch_, DType::f32, 0, s.in},
-              MatrixView{lora_.a(s), DType::f32, 0, s.in}, MatrixView{lora_t, DType::f32, uint64_t(r0) * r, r});
+              MatrixView{lora_.a(s), DType::f32, 0, s.in}, lora_view(lora_t, s.kind, r0));
   }
 }
 
 void Transformer::lora_input_backward_dropout(size_t layer, const LoraSlot& s, const gpu::Buffer& x,
-                                              const gpu::Buffer& dt, const gpu::Buffer& dx, float grad_a_scale) {
+                                              const gpu::Buffer& dx, float grad_a_scale) {
   const uint32_t T = tokens_, r = s.rank;
   const ops::DropoutParams d = ops::dropout_params(
       lora_.settings().dropout, ops::dropout_key(dropout_stream_, layer, static_cast<uint32_t>(s.kind)));
   const uint32_t chunk = static_cast<uint32_t>(dropout_scratch_elems_ / s.in);
   for (uint32_t r0 = 0; r0 < T; r0 += chunk) {
     const uint32_t n = std::min(chunk, T - r0);
-    const MatrixView dt_rows{dt, DType::f32, uint64_t(r0) * r, r};
+    const MatrixView dt_rows = lora_view(grad_->dt, s.kind, r0);
     const MatrixView scratch{dropout_scratch_, DType::f32, 0, s.in};
     // the forward's mask, regenerated:  scratch = dropout(x[rows]);  dA += dt[rows]^T scratch
     ops::dropout_apply(ctx_, d, x, uint64_t(r0) * s.in, dropout_scratch_, 0, r0, n, s.in, false);
@@ -300,19 +338,22 @@ void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a,
   const uint32_t nh = static_cast<uint32_t>(c_.num_heads), nkv = static_cast<uint32_t>(c_.num_kv_heads),
                  d = static_cast<uint32_t>(c_.head_dim);
   const float eps = static_cast<float>(c_.rms_norm_eps);
-  auto t = [&](LinearKind k) { return a.t[static_cast<int>(k)]; };
+  using K = LinearKind;
 
   ops::rmsnorm_forward(ctx_, x_in, L.input_norm, DType::f32, a.h1, a.rstd1, T, H, eps);
+  // The LoRA inputs t of projections that read the same input, in one product.
+  const uint32_t qkv = lora_group(i, {K::Q, K::K, K::V});
+  if (qkv) lora_group_forward(i, K::Q, qkv, a.h1, a.t);
   if (c_.qk_norm) {
-    linear_forward(i, LinearKind::Q, a.h1, a.q_raw, t(LinearKind::Q), false);
-    linear_forward(i, LinearKind::K, a.h1, a.k_raw, t(LinearKind::K), false);
+    linear_forward(i, K::Q, a.h1, a.q_raw, a.t, false, qkv > 0);
+    linear_forward(i, K::K, a.h1, a.k_raw, a.t, false, qkv > 1);
     ops::rmsnorm_forward(ctx_, a.q_raw, L.q_norm, DType::f32, a.q, a.rstd_q, T * nh, d, eps);
     ops::rmsnorm_forward(ctx_, a.k_raw, L.k_norm, DType::f32, a.k, a.rstd_k, T * nkv, d, eps);
   } else {
-    linear_forward(i, LinearKind::Q, a.h1, a.q, t(LinearKind::Q), false);
-    linear_forward(i, LinearKind::K, a.h1, a.k, t(LinearKind::K), false);
+    linear_forward(i, K::Q, a.h1, a.q, a.t, false, qkv > 0);
+    linear_forward(i, K::K, a.h1, a.k, a.t, false, qkv > 1);
   }
-  linear_forward(i, LinearKind::V, a.h1, a.v, t(LinearKind::V), false);
+  linear_forward(i, K::V, a.h1, a.v, a.t, false, qkv > 2);
   ops::rope_forward(ctx_, a.q, positions_, base_.inv_freq, T, nh, d);
   ops::rope_forward(ctx_, a.k, positions_, base_.inv_freq, T, nkv, d);
   const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
@@ -322,18 +363,20 @@ void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a,
   else
     ops::attention_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d, scale);
   ctx_.copy(x_in.slice(0, uint64_t(T) * H * 4), a.x2.slice(0, uint64_t(T) * H * 4));
-  linear_forward(i, LinearKind::O, a.att, a.x2, t(LinearKind::O), true);  // x2 = x + o_proj(att)
+  linear_forward(i, K::O, a.att, a.x2, a.t, true);  // x2 = x + o_proj(att)
 
   ops::rmsnorm_forward(ctx_, a.x2, L.post_norm, DType::f32, a.h2, a.rstd2, T, H, eps);
-  linear_forward(i, LinearKind::Gate, a.h2, a.g, t(LinearKind::Gate), false);
-  linear_forward(i, LinearKind::Up, a.h2, a.u, t(LinearKind::Up), false);
+  const uint32_t mlp = lora_group(i, {K::Gate, K::Up});
+  if (mlp) lora_group_forward(i, K::Gate, mlp, a.h2, a.t);
+  linear_forward(i, K::Gate, a.h2, a.g, a.t, false, mlp > 0);
+  linear_forward(i, K::Up, a.h2, a.u, a.t, false, mlp > 1);
   ops::swiglu_forward(ctx_, a.g, a.u, a.act, uint64_t(T) * I);
   if (x_out) {
     ctx_.copy(a.x2.slice(0, uint64_t(T) * H * 4), x_out->slice(0, uint64_t(T) * H * 4));
-    linear_forward(i, LinearKind::Down, a.act, *x_out, t(LinearKind::Down), true);  // x3 = x2 + mlp
-  } else if (const LoraSlot* s = lora_.find(static_cast<int64_t>(i), LinearKind::Down)) {
+    linear_forward(i, K::Down, a.act, *x_out, a.t, true);  // x3 = x2 + mlp
+  } else if (const LoraSlot* s = lora_.find(static_cast<int64_t>(i), K::Down)) {
     // Recomputation for the backward: only the down projection's LoRA input t is still needed.
-    lora_input_forward(i, *s, a.act, t(LinearKind::Down));
+    lora_input_forward(i, *s, a.act, a.t);
   }
 }
 
@@ -343,17 +386,19 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
   const uint32_t nh = static_cast<uint32_t>(c_.num_heads), nkv = static_cast<uint32_t>(c_.num_kv_heads),
                  d = static_cast<uint32_t>(c_.head_dim);
   GradScratch& g = *grad_;
-  auto t = [&](LinearKind k) { return a.t[static_cast<int>(k)]; };
+  using K = LinearKind;
 
   // MLP: dx is the gradient of x3 = x2 + down(act)
-  linear_backward(i, LinearKind::Down, a.act, t(LinearKind::Down), dx, g.dact, false);
+  linear_backward(i, K::Down, a.act, a.t, dx, g.dact, false);
   ops::swiglu_backward(ctx_, a.g, a.u, g.dact, g.dg, g.du, uint64_t(T) * I);
-  linear_backward(i, LinearKind::Gate, a.h2, t(LinearKind::Gate), g.dg, g.dh, false);
-  linear_backward(i, LinearKind::Up, a.h2, t(LinearKind::Up), g.du, g.dh, true);
+  const uint32_t mlp = lora_group(i, {K::Gate, K::Up});
+  linear_backward(i, K::Gate, a.h2, a.t, g.dg, g.dh, false, mlp > 0);
+  linear_backward(i, K::Up, a.h2, a.t, g.du, g.dh, true, mlp > 1);
+  if (mlp) lora_group_backward(i, K::Gate, mlp, a.h2, g.dh);
   ops::rmsnorm_backward(ctx_, g.dh, a.x2, L.post_norm, DType::f32, a.rstd2, dx, T, H, true);  // dx: grad of x2
 
   // Attention: x2 = x + o_proj(att)
-  linear_backward(i, LinearKind::O, a.att, t(LinearKind::O), dx, g.datt, false);
+  linear_backward(i, K::O, a.att, a.t, dx, g.datt, false);
   const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
   if (attention_gemm_)
     ops::attention_gemm_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_,
@@ -370,9 +415,11 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
     dq = g.dq_raw;
     dk = g.dk_raw;
   }
-  linear_backward(i, LinearKind::Q, a.h1, t(LinearKind::Q), dq, g.dh, false);
-  linear_backward(i, LinearKind::K, a.h1, t(LinearKind::K), dk, g.dh, true);
-  linear_backward(i, LinearKind::V, a.h1, t(LinearKind::V), g.dv, g.dh, true);
+  const uint32_t qkv = lora_group(i, {K::Q, K::K, K::V});
+  linear_backward(i, K::Q, a.h1, a.t, dq, g.dh, false, qkv > 0);
+  linear_backward(i, K::K, a.h1, a.t, dk, g.dh, true, qkv > 1);
+  linear_backward(i, K::V, a.h1, a.t, g.dv, g.dh, true, qkv > 2);
+  if (qkv) lora_group_backward(i, K::Q, qkv, a.h1, g.dh);
   ops::rmsnorm_backward(ctx_, g.dh, x_in, L.input_norm, DType::f32, a.rstd1, dx, T, H, true);  // dx: grad of x
 }
 

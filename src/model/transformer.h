@@ -15,6 +15,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -98,16 +99,28 @@ class Transformer {
   ops::MatrixView base_fp16(const BaseLinear& lin);
   // A base product's input [T, cols]: x itself, or its fp16 copy in input16_ (mixed).
   ops::MatrixView base_input(const gpu::Buffer& x, uint32_t cols);
+  // lora_t is the layer's [T, targets * r] buffer of LoRA inputs (LayerActs::t); with
+  // lora_t_ready, lora_group_forward already wrote this projection's block.
   void linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
-                      const gpu::Buffer& lora_t, bool accumulate);
+                      const gpu::Buffer& lora_t, bool accumulate, bool lora_t_ready = false);
+  // grouped: leave dA and the LoRA part of dx to lora_group_backward.
   void linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
-                       const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx);
-  // lora_t = x A^T, or dropout(x) A^T while dropout acts.
+                       const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx, bool grouped = false);
+  // The block of `kind` in a [T, targets * r] LoRA buffer (LayerActs::t, GradScratch::dt), from row0.
+  ops::MatrixView lora_view(const gpu::Buffer& b, LinearKind kind, uint64_t row0 = 0) const;
+  // How many of `kinds` (projections reading one input) run their LoRA input products together
+  // (LoraSet::shared_input_run; 0 when fewer than 2, or while dropout acts).
+  uint32_t lora_group(size_t layer, std::initializer_list<LinearKind> kinds) const;
+  // The n adapters from `first`: their t = x A^T in one product (forward); their dA += dt^T x
+  // and dx += dt A in one product each (backward, after linear_backward wrote their dt).
+  void lora_group_forward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x, const gpu::Buffer& lora_t);
+  void lora_group_backward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x, const gpu::Buffer& dx);
+  // lora_t's block = x A^T, or dropout(x) A^T while dropout acts.
   void lora_input_forward(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& lora_t);
   // dA += grad_a_scale * dt^T dropout(x), dx += dropout'(dt A): linear_backward's LoRA input
-  // part with dropout.
-  void lora_input_backward_dropout(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& dt,
-                                   const gpu::Buffer& dx, float grad_a_scale);
+  // part with dropout (dt: this projection's block of GradScratch::dt).
+  void lora_input_backward_dropout(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& dx,
+                                   float grad_a_scale);
 
   gpu::Context& ctx_;
   const BaseWeights& base_;
@@ -121,6 +134,9 @@ class Transformer {
   gpu::Buffer input16_;  // fp16 copy of a base product's input (TransformerOptions::fp16_input_copies)
   gpu::Buffer nf4_scratch_;  // fp16 dequantised weight (TransformerOptions::Nf4Products::dequantized)
   float lora_grad_scale_ = 1.0f;                 // factor of the LoRA gradient products (run)
+  // The LoRA buffers' row width (targets * rank) and each target's first column (lora_view).
+  uint32_t lora_width_ = 0;
+  std::array<uint32_t, 7> lora_column_{};
   uint64_t activation_bytes_ = 0;
   // batch inputs on the GPU (int32 [tokens])
   gpu::Buffer ids_, targets_, positions_, segments_;

@@ -336,8 +336,8 @@ void Run::save(bool final_adapter) {
     ck.state.batch_in_epoch = i;
     ck.state.elapsed_s = elapsed_before_ + std::chrono::duration<double>(Clock::now() - session_start_).count();
     ck.adapter = adapter;
-    ck.adam_m = ctx_->download<float>(adamw_->m(), lora_->parameter_count());
-    ck.adam_v = ctx_->download<float>(adamw_->v(), lora_->parameter_count());
+    ck.adam_m = lora_->to_slot_order(ctx_->download<float>(adamw_->m(), lora_->parameter_count()));
+    ck.adam_v = lora_->to_slot_order(ctx_->download<float>(adamw_->v(), lora_->parameter_count()));
     const fs::path dir = save_checkpoint(c_.out, ck, shapes_, config_yaml_);
     prune_checkpoints(c_.out, c_.keep_checkpoints);
     last_saved_step_ = st_.step;
@@ -406,8 +406,8 @@ int Run::execute() {
     lora_->load(resume_from->adapter);
     if (resume_from->adam_m.size() != lora_->parameter_count())
       throw UserError(resume_dir.string() + ": its optimizer state does not fit this adapter; the checkpoint belongs to another configuration");
-    ctx_->upload(adamw_->m(), resume_from->adam_m);
-    ctx_->upload(adamw_->v(), resume_from->adam_v);
+    ctx_->upload(adamw_->m(), lora_->from_slot_order(resume_from->adam_m));
+    ctx_->upload(adamw_->v(), lora_->from_slot_order(resume_from->adam_v));
     stream_->seek(st_.epoch, st_.batch_in_epoch);
     elapsed_before_ = st_.elapsed_s;
     last_saved_step_ = st_.step;
