@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 #include <stdexcept>
+#include <utility>
 
 #include "util/error.h"
 
@@ -111,38 +112,32 @@ uint32_t LoraSet::shared_input_run(int64_t layer, std::initializer_list<LinearKi
 }
 
 namespace {
-// Each slot's A then B, every tensor from a multiple of 4 floats: the layout of forja's earlier
-// parameter buffers, which checkpoints keep.
-template <class F>
-void for_each_slot_order_tensor(const std::vector<LoraSlot>& slots, F&& f) {
+// Copies every tensor of v between this set's layout and slot order (each slot's A then B, every
+// tensor from a multiple of 4 floats: the layout of forja's earlier parameter buffers, which
+// checkpoints keep). Padding comes out zero.
+std::vector<float> convert_slot_order(const std::vector<LoraSlot>& slots, uint64_t total, const std::vector<float>& v,
+                                      bool to_slot_order) {
+  if (v.size() != total) throw std::logic_error("LoraSet: slot-order conversion of a vector of another size");
   auto align4 = [](uint64_t n) { return (n + 3) / 4 * 4; };
+  std::vector<float> out(total, 0.0f);
   uint64_t at = 0;
-  for (const LoraSlot& s : slots) {
-    const uint64_t na = uint64_t(s.rank) * s.in, nb = uint64_t(s.out) * s.rank;
-    f(at, s.a_offset, na);
-    at += align4(na);
-    f(at, s.b_offset, nb);
-    at += align4(nb);
-  }
+  for (const LoraSlot& s : slots)
+    for (auto [here, n] : {std::pair{s.a_offset, uint64_t(s.rank) * s.in}, std::pair{s.b_offset, uint64_t(s.out) * s.rank}}) {
+      if (to_slot_order)
+        std::copy_n(v.begin() + here, n, out.begin() + at);
+      else
+        std::copy_n(v.begin() + at, n, out.begin() + here);
+      at += align4(n);
+    }
+  return out;
 }
 }  // namespace
 
 std::vector<float> LoraSet::to_slot_order(const std::vector<float>& v) const {
-  if (v.size() != total_) throw std::logic_error("LoraSet::to_slot_order: size differs from the parameter count");
-  std::vector<float> out(total_, 0.0f);
-  for_each_slot_order_tensor(slots_, [&](uint64_t canonical, uint64_t here, uint64_t n) {
-    std::copy_n(v.begin() + here, n, out.begin() + canonical);
-  });
-  return out;
+  return convert_slot_order(slots_, total_, v, true);
 }
-
 std::vector<float> LoraSet::from_slot_order(const std::vector<float>& v) const {
-  if (v.size() != total_) throw std::logic_error("LoraSet::from_slot_order: size differs from the parameter count");
-  std::vector<float> out(total_, 0.0f);
-  for_each_slot_order_tensor(slots_, [&](uint64_t canonical, uint64_t here, uint64_t n) {
-    std::copy_n(v.begin() + canonical, n, out.begin() + here);
-  });
-  return out;
+  return convert_slot_order(slots_, total_, v, false);
 }
 
 void LoraSet::init_peft(uint64_t seed) {
