@@ -2,6 +2,8 @@
 // (train/example.h), trains an adapter on them on whatever device is there, and shows the run.
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <string>
 #include <memory>
 
 #include "cli/command.h"
@@ -10,6 +12,13 @@
 #include "train/trainer.h"
 
 namespace {
+
+// s in single quotes for /bin/sh (a ' inside becomes '\'').
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
 
 struct ExampleArgs {
   std::string out = "runs/example";
@@ -56,8 +65,17 @@ forja::cli::CommandRegistration reg{"example", 5, [](CLI::App& app) {
     std::printf("\nsample: forja generate --model %s --adapter %s --prompt \"%s\"\n", (root / "model").c_str(),
                 (root / "run").c_str(), question.c_str());
     std::fflush(stdout);
-    const std::string cmd = "/proc/self/exe generate --model '" + (root / "model").string() + "' --adapter '" +
-                            (root / "run").string() + "' --prompt '" + question + "' --max-new-tokens 24" +
+    // The path of this binary, resolved here: inside std::system's shell /proc/self/exe is the shell.
+    std::error_code ec;
+    const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+    if (ec) {
+      std::fprintf(stderr, "forja example: cannot find this program's path (/proc/self/exe: %s); run the command above\n",
+                   ec.message().c_str());
+      return 1;
+    }
+    const std::string cmd = shell_quote(self.string()) + " generate --model " + shell_quote((root / "model").string()) +
+                            " --adapter " + shell_quote((root / "run").string()) + " --prompt " + shell_quote(question) +
+                            " --max-new-tokens 24" +
                             (args->device >= 0 ? " --device " + std::to_string(args->device) : "");
     const int status = std::system(cmd.c_str());
     return status == 0 ? 0 : 1;
