@@ -22,7 +22,7 @@ std::string shell_quote(const std::string& s) {
 
 struct ExampleArgs {
   std::string out = "runs/example";
-  int64_t steps = 30;
+  int64_t steps = 50;  // 30 left the sample wrong ("The capital of Greece is Mads."), 50 answers it
   int device = -1;
 };
 
