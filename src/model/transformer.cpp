@@ -191,8 +191,12 @@ MatrixView Transformer::base_fp16(const BaseLinear& lin) {
   return MatrixView{nf4_scratch_, DType::f16, 0, lin.in};
 }
 
-MatrixView Transformer::base_input(const gpu::Buffer& x, uint32_t cols) {
+MatrixView Transformer::base_input(const gpu::Buffer& x, uint32_t cols, bool ready) {
   if (!input16_.valid()) return MatrixView{x, DType::f32, 0, cols};
+  const bool same = x.buffer == input16_source_.buffer && x.offset == input16_source_.offset && cols == input16_cols_;
+  if (ready && same) return MatrixView{input16_, DType::f16, 0, cols};
+  input16_source_ = x;
+  input16_cols_ = cols;
   // Like nf4_scratch_, reused by every product; the context orders the writes after earlier reads.
   ops::to_f16(ctx_, x, input16_, uint64_t(tokens_) * cols);
   return MatrixView{input16_, DType::f16, 0, cols};
@@ -230,14 +234,14 @@ void Transformer::lora_group_backward(size_t layer, LinearKind first, uint32_t n
 }
 
 void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
-                                 const gpu::Buffer& lora_t, bool accumulate, bool lora_t_ready) {
+                                 const gpu::Buffer& lora_t, bool accumulate, bool lora_t_ready, bool input16_ready) {
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
   const uint32_t T = tokens_;
   const float beta = accumulate ? 1.0f : 0.0f;
   if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {  // mixed: fp16 W, x rounded to fp16 as it is loaded
-    ops::gemm(ctx_, GemmShape{T, lin.out, lin.in, false, true, 1.0f, beta}, base_input(x, lin.in), base_fp16(lin),
+    ops::gemm(ctx_, GemmShape{T, lin.out, lin.in, false, true, 1.0f, beta}, base_input(x, lin.in, input16_ready), base_fp16(lin),
               MatrixView{y, DType::f32, 0, lin.out}, options_.base_kernel);
   }
   if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
@@ -346,14 +350,14 @@ void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a,
   if (qkv) lora_group_forward(i, K::Q, qkv, a.h1, a.t);
   if (c_.qk_norm) {
     linear_forward(i, K::Q, a.h1, a.q_raw, a.t, false, qkv > 0);
-    linear_forward(i, K::K, a.h1, a.k_raw, a.t, false, qkv > 1);
+    linear_forward(i, K::K, a.h1, a.k_raw, a.t, false, qkv > 1, true);
     ops::rmsnorm_forward(ctx_, a.q_raw, L.q_norm, DType::f32, a.q, a.rstd_q, T * nh, d, eps);
     ops::rmsnorm_forward(ctx_, a.k_raw, L.k_norm, DType::f32, a.k, a.rstd_k, T * nkv, d, eps);
   } else {
     linear_forward(i, K::Q, a.h1, a.q, a.t, false, qkv > 0);
-    linear_forward(i, K::K, a.h1, a.k, a.t, false, qkv > 1);
+    linear_forward(i, K::K, a.h1, a.k, a.t, false, qkv > 1, true);
   }
-  linear_forward(i, K::V, a.h1, a.v, a.t, false, qkv > 2);
+  linear_forward(i, K::V, a.h1, a.v, a.t, false, qkv > 2, true);
   ops::rope_forward(ctx_, a.q, positions_, base_.inv_freq, T, nh, d);
   ops::rope_forward(ctx_, a.k, positions_, base_.inv_freq, T, nkv, d);
   const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
@@ -369,7 +373,7 @@ void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a,
   const uint32_t mlp = lora_group(i, {K::Gate, K::Up});
   if (mlp) lora_group_forward(i, K::Gate, mlp, a.h2, a.t);
   linear_forward(i, K::Gate, a.h2, a.g, a.t, false, mlp > 0);
-  linear_forward(i, K::Up, a.h2, a.u, a.t, false, mlp > 1);
+  linear_forward(i, K::Up, a.h2, a.u, a.t, false, mlp > 1, true);
   ops::swiglu_forward(ctx_, a.g, a.u, a.act, uint64_t(T) * I);
   if (x_out) {
     ctx_.copy(a.x2.slice(0, uint64_t(T) * H * 4), x_out->slice(0, uint64_t(T) * H * 4));

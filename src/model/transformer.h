@@ -97,12 +97,15 @@ class Transformer {
   // LoRA path while dropout acts).
   // The fp16 base weight of a product: the dense one, or the NF4 one dequantised into nf4_scratch_.
   ops::MatrixView base_fp16(const BaseLinear& lin);
-  // A base product's input [T, cols]: x itself, or its fp16 copy in input16_ (mixed).
-  ops::MatrixView base_input(const gpu::Buffer& x, uint32_t cols);
+  // A base product's input [T, cols]: x itself, or its fp16 copy in input16_ (mixed); ready: the
+  // previous product had the same input, so input16_ holds its copy already.
+  ops::MatrixView base_input(const gpu::Buffer& x, uint32_t cols, bool ready = false);
   // lora_t is the layer's [T, targets * r] buffer of LoRA inputs (LayerActs::t); with
-  // lora_t_ready, lora_group_forward already wrote this projection's block.
+  // lora_t_ready, lora_group_forward already wrote this projection's block; with input16_ready
+  // the previous base product read the same x (q, k, v; gate, up), whose fp16 copy is reused.
   void linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
-                      const gpu::Buffer& lora_t, bool accumulate, bool lora_t_ready = false);
+                      const gpu::Buffer& lora_t, bool accumulate, bool lora_t_ready = false,
+                      bool input16_ready = false);
   // grouped: leave dA and the LoRA part of dx to lora_group_backward.
   void linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
                        const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx, bool grouped = false);
@@ -132,6 +135,8 @@ class Transformer {
   ops::DType base_operands_ = ops::DType::f32;  // the operand precision of the NF4 products
   bool attention_gemm_ = false;  // attention through ops/attention_gemm.h (TransformerOptions::attention)
   gpu::Buffer input16_;  // fp16 copy of a base product's input (TransformerOptions::fp16_input_copies)
+  gpu::Buffer input16_source_;  // what input16_ holds a copy of (base_input), and its width
+  uint32_t input16_cols_ = 0;
   gpu::Buffer nf4_scratch_;  // fp16 dequantised weight (TransformerOptions::Nf4Products::dequantized)
   float lora_grad_scale_ = 1.0f;                 // factor of the LoRA gradient products (run)
   // The LoRA buffers' row width (targets * rank) and each target's first column (lora_view).
