@@ -10,6 +10,11 @@
 
 namespace forja::model {
 
+namespace {
+// Each tensor starts on a 16-byte boundary (4 floats) so views of it can be bound directly.
+uint64_t align4(uint64_t n) { return (n + 3) / 4 * 4; }
+}  // namespace
+
 double LoraSettings::scale() const {
   return rslora ? alpha / std::sqrt(double(rank)) : alpha / double(rank);
 }
@@ -53,8 +58,6 @@ LoraSet::LoraSet(gpu::Context& ctx, const ModelConfig& config, const LoraSetting
   if (!(settings.dropout >= 0.0 && settings.dropout < 1.0))
     throw UserError("LoRA dropout must be in [0, 1) (--lora-dropout, or lora_dropout in adapter_config.json), got " +
                     std::to_string(settings.dropout));
-  // Each tensor starts on a 16-byte boundary (4 floats) so views of it can be bound directly.
-  auto align4 = [](uint64_t n) { return (n + 3) / 4 * 4; };
   // Per layer: the A's of its adapters in projection order, then the B's (see lora.h).
   for (int64_t layer = 0; layer < config.num_layers; ++layer) {
     const size_t first = slots_.size();
@@ -118,7 +121,6 @@ namespace {
 std::vector<float> convert_slot_order(const std::vector<LoraSlot>& slots, uint64_t total, const std::vector<float>& v,
                                       bool to_slot_order) {
   if (v.size() != total) throw std::logic_error("LoraSet: slot-order conversion of a vector of another size");
-  auto align4 = [](uint64_t n) { return (n + 3) / 4 * 4; };
   std::vector<float> out(total, 0.0f);
   uint64_t at = 0;
   for (const LoraSlot& s : slots)

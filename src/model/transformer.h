@@ -93,13 +93,13 @@ class Transformer {
   void upload_batch(const TokenBatch& b);
   void layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer* x_out);
   void layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer& dx);
-  // y (=|+=) x W^T (+ b) + scale * (x A^T) B^T; saves x A^T in lora_t (x -> dropout(x) in the
-  // LoRA path while dropout acts).
   // The fp16 base weight of a product: the dense one, or the NF4 one dequantised into nf4_scratch_.
   ops::MatrixView base_fp16(const BaseLinear& lin);
   // A base product's input [T, cols]: x itself, or its fp16 copy in input16_ (mixed); ready: the
   // previous product had the same input, so input16_ holds its copy already.
   ops::MatrixView base_input(const gpu::Buffer& x, uint32_t cols, bool ready = false);
+  // y (=|+=) x W^T (+ b) + scale * (x A^T) B^T; saves x A^T in lora_t (x -> dropout(x) in the
+  // LoRA path while dropout acts).
   // lora_t is the layer's [T, targets * r] buffer of LoRA inputs (LayerActs::t); with
   // lora_t_ready, lora_group_forward already wrote this projection's block; with input16_ready
   // the previous base product read the same x (q, k, v; gate, up), whose fp16 copy is reused.
