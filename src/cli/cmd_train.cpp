@@ -35,6 +35,9 @@ forja::cli::CommandRegistration reg{"train", 10, [](CLI::App& app) {
     if (given("resume")) {
       const auto ckpt = forja::train::resolve_resume((*values)["resume"]);
       if (std::filesystem::exists(ckpt / "config.yaml")) config.load_yaml(ckpt / "config.yaml");
+      // The run continues in the folder that holds the checkpoint, not in the `out` its
+      // config.yaml names: the folder may have been moved or copied since (--out still wins).
+      config.out = ckpt.parent_path();
     }
     if (!config_file->empty()) config.load_yaml(*config_file);
     for (const auto& key : forja::train::config_keys())

@@ -1,11 +1,14 @@
 // forja: the program's entry point. Builds the command line from the registered subcommands
 // (src/cli/cmd_*.cpp), runs the chosen one, and turns errors into exit codes:
-// 0 success, 2 user error (one line, names the fix), 1 anything else.
+// 0 success, 2 user error (one line, names the fix), 1 anything else. Under an MPI launcher
+// (`mpirun -np N forja train`) an error on any rank is printed with the rank's number and ends
+// the whole job with the same code (dist::World::abort_job), so no rank waits forever.
 #include <algorithm>
 #include <cstdio>
 #include <exception>
 
 #include "cli/command.h"
+#include "dist/world.h"
 #include "util/error.h"
 #include "util/nearest.h"
 
@@ -18,6 +21,21 @@ std::vector<CommandEntry>& command_registry() {
 namespace {
 // "; did you mean '--lr-schedule'?" for the first unknown flag, among the options of the
 // innermost subcommand that was given.
+// "forja: " on a single process, "forja (rank 1 of 2): " in a distributed job.
+std::string error_prefix() {
+  const auto& w = forja::dist::World::get();
+  if (!w.distributed()) return "forja: ";
+  return "forja (rank " + std::to_string(w.rank()) + " of " + std::to_string(w.size()) + "): ";
+}
+
+// Prints the error and, in a distributed job, takes every rank down with it.
+int fail(int code, const std::string& message) {
+  std::fprintf(stderr, "%s%s\n", error_prefix().c_str(), message.c_str());
+  std::fflush(stderr);
+  forja::dist::World::get().abort_job(code);
+  return code;
+}
+
 std::string suggestion_for_extras(CLI::App& app, int argc, char** argv) {
   CLI::App* sub = &app;
   for (bool deeper = true; deeper;) {
@@ -73,19 +91,31 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // Only training runs distributed; any other command started by a launcher would run N
+  // times over the same files.
+  if (const auto launch = forja::dist::detect_launch(); launch.by_launcher && launch.size_hint > 1) {
+    bool training = false;
+    for (CLI::App* s : app.get_subcommands()) training = training || s->get_name() == "train";
+    if (!training) {
+      std::fprintf(stderr, "forja: only `forja train` runs under %s with several ranks; run this command without it\n",
+                   launch.launcher.c_str());
+      return 2;
+    }
+  }
+
   try {
     // Each run returns -1 when its (sub)command was not the one chosen.
     for (auto& run : runs) {
       int rc = run();
-      if (rc != -1) return rc;
+      if (rc == -1) continue;
+      forja::dist::World::get().leave();
+      return rc;
     }
     std::fprintf(stderr, "forja: no command given (see forja --help)\n");
     return 2;
   } catch (const forja::UserError& e) {
-    std::fprintf(stderr, "forja: %s\n", e.what());
-    return 2;
+    return fail(2, e.what());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "forja: internal error: %s\n", e.what());
-    return 1;
+    return fail(1, std::string("internal error: ") + e.what());
   }
 }

@@ -14,8 +14,8 @@ constexpr uint64_t kStagingBytes = 64ull << 20;
 constexpr VkPipelineStageFlags kStages = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT;
 }  // namespace
 
-std::unique_ptr<Context> Context::create(int requested_device, bool quiet) {
-  return std::make_unique<Context>(Device::open(requested_device, quiet));
+std::unique_ptr<Context> Context::create(int requested_device, bool quiet, int slot) {
+  return std::make_unique<Context>(Device::open(requested_device, quiet, slot));
 }
 
 Context::Context(std::shared_ptr<Device> device) : device_(std::move(device)) {

@@ -41,7 +41,8 @@ class Context {
  public:
   explicit Context(std::shared_ptr<Device> device);
   // Opens the chosen device (see Device::open).
-  static std::unique_ptr<Context> create(int requested_device = -1, bool quiet = false);
+  // (Device::open's arguments.)
+  static std::unique_ptr<Context> create(int requested_device = -1, bool quiet = false, int slot = 0);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;

@@ -369,7 +369,7 @@ Instance::~Instance() {
 
 uint64_t Instance::validation_messages() const { return g_validation_messages.load(); }
 
-uint32_t Instance::choose(int requested) const {
+uint32_t Instance::choose(int requested, int slot) const {
   const uint32_t n = static_cast<uint32_t>(devices_.size());
   auto list = [&] {
     std::string s;
@@ -392,17 +392,20 @@ uint32_t Instance::choose(int requested) const {
     return static_cast<uint32_t>(requested);
   }
   for (VkPhysicalDeviceType t : {VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU, VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU,
-                                 VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU})
+                                 VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU}) {
+    std::vector<uint32_t> of_kind;
     for (const auto& d : devices_)
-      if (d.type == t) return d.index;
+      if (d.type == t) of_kind.push_back(d.index);
+    if (!of_kind.empty()) return of_kind[size_t(std::max(slot, 0)) % of_kind.size()];
+  }
   return 0;
 }
 
 // ------------------------------------------------------------------------------ Device
 
-std::shared_ptr<Device> Device::open(int requested, bool quiet) {
+std::shared_ptr<Device> Device::open(int requested, bool quiet, int slot) {
   auto instance = std::make_shared<Instance>(env_flag("FORJA_VALIDATE"));
-  uint32_t index = instance->choose(requested);
+  uint32_t index = instance->choose(requested, slot);
   if (!quiet && instance->devices()[index].is_cpu())
     std::fprintf(stderr,
                  "forja: using %s, which is the CPU (Mesa lavapipe): fine for tests and tiny models, "

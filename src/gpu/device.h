@@ -91,8 +91,10 @@ class Instance {
   uint64_t validation_messages() const;
 
   // The device forja uses: `requested` >= 0 picks by index (UserError if absent), else
-  // FORJA_DEVICE, else the preference order above.
-  uint32_t choose(int requested) const;
+  // FORJA_DEVICE, else the preference order above. `slot` picks among several devices of the
+  // preferred kind (wrapping around): one process per GPU in a data-parallel job passes its
+  // rank on this machine, so 2 ranks on a 2-GPU machine get one GPU each.
+  uint32_t choose(int requested, int slot = 0) const;
 
  private:
   VkInstance instance_ = VK_NULL_HANDLE;
@@ -105,9 +107,9 @@ class Instance {
 // The logical device and its compute queue.
 class Device {
  public:
-  // `requested` as Instance::choose. Prints a notice on stderr when the choice is the CPU and
+  // `requested` and `slot` as Instance::choose. Prints a notice on stderr when the choice is the CPU and
   // `quiet` is false.
-  static std::shared_ptr<Device> open(int requested = -1, bool quiet = false);
+  static std::shared_ptr<Device> open(int requested = -1, bool quiet = false, int slot = 0);
   Device(std::shared_ptr<Instance> instance, uint32_t index);
   ~Device();
   Device(const Device&) = delete;

@@ -44,6 +44,9 @@ json state_to_json(const TrainerState& s) {
               {"skipped_nonfinite", s.skipped_nonfinite},
               {"seed", s.seed},
               {"last_loss", s.last_loss},
+              {"world_size", s.world_size},
+              {"micro_batches_per_step", s.micro_batches_per_step},
+              {"batch_size", s.batch_size},
               {"format", "forja-trainer-state-1"}};
 }
 
@@ -112,6 +115,11 @@ Checkpoint load_checkpoint(const fs::path& dir, const io::LoraTargetShapes& shap
     c.state.skipped_nonfinite = s.at("skipped_nonfinite").get<int64_t>();
     c.state.seed = s.at("seed").get<uint64_t>();
     c.state.last_loss = s.value("last_loss", 0.0);
+    c.state.world_size = s.value("world_size", int64_t(1));
+    c.state.micro_batches_per_step = s.value("micro_batches_per_step", int64_t(0));
+    c.state.batch_size = s.value("batch_size", int64_t(0));
+    if (c.state.world_size < 1 || c.state.micro_batches_per_step < 0 || c.state.batch_size < 0)
+      throw UserError(where + ": damaged trainer state (world_size, micro_batches_per_step or batch_size out of range)");
   } catch (const json::exception& e) {
     throw UserError(where + ": damaged trainer state (" + e.what() + "); resume from an earlier checkpoint");
   }

@@ -29,6 +29,12 @@ struct TrainerState {
   int64_t skipped_nonfinite = 0;
   uint64_t seed = 0;
   double last_loss = 0;
+  // The shape of a step when it was written: ranks (data-parallel processes) and micro-batches
+  // per step over all ranks (ranks x --grad-accum). A resumed run must take steps of the same
+  // micro-batches to continue exactly; 0 = not recorded (checkpoints of earlier versions).
+  int64_t world_size = 1;
+  int64_t micro_batches_per_step = 0;
+  int64_t batch_size = 0;
 };
 
 struct Checkpoint {

@@ -15,6 +15,7 @@
 
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "dist/world.h"
 #include "gpu/context.h"
 #include "gpu/vk_check.h"
 #include "io/adapter.h"
@@ -47,8 +48,10 @@ void on_stop_signal(int) {
   g_stop_requested = 1;
 }
 
+// SIGUSR1 too: mpirun forwards it to every rank at once, while on Ctrl-C (SIGINT) it ends the
+// ranks itself (Open MPI: SIGTERM, then SIGKILL a second later), too soon to finish a step.
 struct SignalGuard {
-  struct sigaction old_int{}, old_term{};
+  struct sigaction old_int{}, old_term{}, old_usr1{};
   SignalGuard() {
     g_stop_requested = 0;
     struct sigaction sa{};
@@ -56,12 +59,32 @@ struct SignalGuard {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int);
     sigaction(SIGTERM, &sa, &old_term);
+    sigaction(SIGUSR1, &sa, &old_usr1);
   }
   ~SignalGuard() {
     sigaction(SIGINT, &old_int, nullptr);
     sigaction(SIGTERM, &old_term, nullptr);
+    sigaction(SIGUSR1, &old_usr1, nullptr);
   }
 };
+
+// Test hook: FORJA_TEST_FAIL_RANK=R:N makes rank R fail after step N with an error (R:N:kill: it
+// SIGKILLs itself; R:N:stop: it gets SIGUSR1, the stop request, alone), so the tests can check
+// that one failing rank ends the whole job and that one rank's stop request stops all.
+void maybe_fail_rank_for_test(int rank, int64_t step) {
+  const char* v = std::getenv("FORJA_TEST_FAIL_RANK");
+  if (!v) return;
+  int r = -1;
+  long long n = -1;
+  char mode[8] = "";
+  if (std::sscanf(v, "%d:%lld:%7s", &r, &n, mode) < 2 || r != rank || n != step) return;
+  if (std::string(mode) == "kill") ::kill(::getpid(), SIGKILL);
+  if (std::string(mode) == "stop") {
+    ::raise(SIGUSR1);
+    return;
+  }
+  throw std::runtime_error("test failure injected after step " + std::to_string(step));
+}
 
 std::string gib(uint64_t bytes) {
   char buf[32];
@@ -175,8 +198,13 @@ class Run {
   double evaluate();
   void save(bool final_adapter);
   void log_step(double loss, double grad_norm, double lr);
+  double reduce_step(float inv_n);
+  bool agree_to_stop();
+  void check_step_shape(const fs::path& checkpoint) const;
 
   RunConfig c_;
+  dist::World& world_ = dist::World::get();
+  std::vector<float> grads_host_;  // the gradients on their way through the all-reduce
   std::unique_ptr<gpu::Context> ctx_;
   model::ModelConfig mc_;
   std::optional<data::Tokenizer> tokenizer_;
@@ -224,10 +252,12 @@ void Run::load() {
   // Steps: the epochs' micro-batches in steps of grad_accum, unless --max-steps says otherwise.
   int64_t micro = 0;
   for (int64_t e = 0; e < c_.epochs; ++e) micro += data_->train.num_batches(e, int32_t(c_.batch_size));
-  const int64_t from_epochs = (micro + c_.grad_accum - 1) / c_.grad_accum;
+  const int64_t per_step = c_.grad_accum * world_.size();
+  const int64_t from_epochs = (micro + per_step - 1) / per_step;
   if (st_.total_steps == 0) st_.total_steps = c_.max_steps > 0 ? c_.max_steps : from_epochs;
 
-  ctx_ = gpu::Context::create(c_.device);
+  // One GPU per rank of this machine (--device overrides); only rank 0 prints notices.
+  ctx_ = gpu::Context::create(c_.device, !world_.is_root(), world_.local_rank());
   std::printf("model: %s, %lld layers, hidden %lld, vocab %lld\n", mc_.model_type.c_str(), (long long)mc_.num_layers,
               (long long)mc_.hidden_size, (long long)mc_.vocab_size);
   model::TrainingSettings ts;
@@ -309,23 +339,28 @@ double Run::evaluate() {
   const int64_t n = ev.num_batches(0, int32_t(c_.batch_size));
   uint64_t targets = 0;
   ctx_->fill(loss_sum_, 0);
-  for (int64_t i = 0; i < n; ++i) {
+  // Each rank evaluates every size()-th batch; the sums meet in one all-reduce.
+  for (int64_t i = world_.rank(); i < n; i += world_.size()) {
     const model::TokenBatch b = to_token_batch(ev.batch(0, i, int32_t(c_.batch_size)));
     targets += b.target_count();
     tf_->run(b, 1.0f, loss_sum_, false);
   }
-  const double loss = double(ctx_->download<float>(loss_sum_, 1)[0]) / double(std::max<uint64_t>(1, targets));
+  double sums[2] = {double(ctx_->download<float>(loss_sum_, 1)[0]), double(targets)};
+  world_.sum(std::span<double>(sums, 2));
+  targets = uint64_t(sums[1]);
+  const double loss = sums[0] / double(std::max<uint64_t>(1, targets));
   last_eval_step_ = st_.step;
   const double ppl = std::exp(loss);
   if (tty_) std::fprintf(stderr, "\r\033[K");
   std::printf("eval step %lld: loss %.4f, perplexity %.3f (%llu tokens)\n", (long long)st_.step, loss, ppl,
               (unsigned long long)targets);
   std::fflush(stdout);
-  metrics_->append(json{{"step", st_.step}, {"eval_loss", loss}, {"eval_ppl", ppl}});
+  if (metrics_) metrics_->append(json{{"step", st_.step}, {"eval_loss", loss}, {"eval_ppl", ppl}});
   return loss;
 }
 
 void Run::save(bool final_adapter) {
+  if (!world_.is_root()) return;  // the ranks hold the same adapter and moments: rank 0 writes
   if (last_saved_step_ == st_.step && !final_adapter) return;
   const io::Adapter adapter = lora_->to_adapter(fs::absolute(c_.model).string());
   if (last_saved_step_ != st_.step) {
@@ -361,8 +396,9 @@ void Run::log_step(double loss, double grad_norm, double lr) {
   const double per_step = std::chrono::duration<double>(now - session_start_).count() /
                           double(std::max<int64_t>(1, st_.step - steps_at_start_));
   char line[320];
-  std::snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s | ETA %s | GPU %s",
-                (long long)st_.step, (long long)st_.total_steps, loss, lr, grad_norm, tps,
+  const std::string ranks = world_.distributed() ? " on " + std::to_string(world_.size()) + " ranks" : "";
+  std::snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | lr %.2e | grad norm %.3f | %.0f tok/s%s | ETA %s | GPU %s",
+                (long long)st_.step, (long long)st_.total_steps, loss, lr, grad_norm, tps, ranks.c_str(),
                 duration(per_step * double(st_.total_steps - st_.step)).c_str(),
                 gib(ctx_->arena().peak_bytes()).c_str());
   if (tty_) std::fprintf(stderr, "\r\033[K%s", line);
@@ -370,7 +406,7 @@ void Run::log_step(double loss, double grad_norm, double lr) {
     if (tty_) std::fprintf(stderr, "\r\033[K");
     std::printf("%s\n", line);
     std::fflush(stdout);
-    metrics_->append(json{{"step", st_.step},
+    if (metrics_) metrics_->append(json{{"step", st_.step},
                           {"epoch", epoch},
                           {"loss", loss},
                           {"lr", lr},
@@ -383,8 +419,60 @@ void Run::log_step(double loss, double grad_norm, double lr) {
   }
 }
 
+// The sum over all ranks of this step's loss and LoRA gradients (each rank holds those of its
+// own micro-batches), returned as the step's mean loss; the gradients on every rank then equal
+// those one process would have accumulated over all the micro-batches. Single process: just the
+// loss.
+double Run::reduce_step(float inv_n) {
+  double loss = double(ctx_->download<float>(loss_sum_, 1)[0]);
+  if (world_.distributed()) {
+    const gpu::Buffer g = lora_->grads();
+    grads_host_.resize(g.size / sizeof(float));
+    ctx_->download(g, grads_host_.data(), g.size);
+    world_.sum(std::span<float>(grads_host_));
+    ctx_->upload(g, grads_host_.data(), g.size);
+    world_.sum(std::span<double>(&loss, 1));
+  }
+  return loss * double(inv_n);
+}
+
+// Whether any rank was asked to stop (SIGINT/SIGTERM): all ranks stop after the same step.
+bool Run::agree_to_stop() {
+  int64_t flag = g_stop_requested ? 1 : 0;
+  world_.max(std::span<int64_t>(&flag, 1));
+  return flag != 0;
+}
+
+// A resumed run continues exactly only with steps of the same micro-batches: same batch size
+// and ranks x --grad-accum as the checkpoint's (any split between the two is fine).
+void Run::check_step_shape(const fs::path& checkpoint) const {
+  const int64_t per_step = c_.grad_accum * world_.size();
+  if (st_.micro_batches_per_step == 0) return;  // an earlier version's checkpoint: not recorded
+  if (st_.batch_size != 0 && st_.batch_size != c_.batch_size)
+    throw UserError(checkpoint.string() + ": written with --batch-size " + std::to_string(st_.batch_size) +
+                    ", this run has " + std::to_string(c_.batch_size) + "; resume with --batch-size " +
+                    std::to_string(st_.batch_size));
+  if (st_.micro_batches_per_step == per_step) return;
+  const int64_t ckpt = st_.micro_batches_per_step;
+  std::string fix = ckpt % world_.size() == 0
+                        ? "pass --grad-accum " + std::to_string(ckpt / world_.size()) + " to continue exactly with " +
+                              std::to_string(world_.size()) + (world_.size() == 1 ? " process" : " ranks")
+                        : "use a number of ranks that divides " + std::to_string(ckpt);
+  throw UserError(checkpoint.string() + ": written by " + std::to_string(st_.world_size) +
+                  (st_.world_size == 1 ? " process" : " ranks") + " taking " + std::to_string(ckpt) +
+                  " micro-batches per step; this run takes " + std::to_string(world_.size()) + " x --grad-accum " +
+                  std::to_string(c_.grad_accum) + " = " + std::to_string(per_step) + "; " + fix);
+}
+
 int Run::execute() {
-  tty_ = isatty(fileno(stderr)) != 0;
+  world_.join();
+  if (!world_.is_root()) {
+    // Ranks other than 0 print nothing but errors (stderr).
+    std::fflush(stdout);
+    if (!std::freopen("/dev/null", "w", stdout)) throw std::runtime_error("cannot silence stdout on this rank");
+  }
+  const bool root = world_.is_root();
+  tty_ = root && isatty(fileno(stderr)) != 0;
   std::optional<Checkpoint> resume_from;
   fs::path resume_dir;
   if (!c_.resume.empty()) {
@@ -393,15 +481,21 @@ int Run::execute() {
   }
   c_.validate();
   check_input_paths(c_);
-  if (resume_dir.empty()) prepare_fresh_out(c_);
-  else remove_partial_checkpoints(c_.out);
+  // Only rank 0 touches OUT; the others read the checkpoint they resume from (every rank must
+  // see OUT: one machine, or a shared filesystem).
+  if (root) {
+    if (resume_dir.empty()) prepare_fresh_out(c_);
+    else remove_partial_checkpoints(c_.out);
+  }
   config_yaml_ = c_.to_yaml();
   std::printf("configuration:\n%s", config_yaml_.c_str());
+  if (world_.distributed()) std::printf("distributed: %s\n", world_.describe().c_str());
   load();
-  io::write_file_atomic(c_.out / "config.yaml", config_yaml_);
+  if (root) io::write_file_atomic(c_.out / "config.yaml", config_yaml_);
   if (!resume_dir.empty()) {
     resume_from = load_checkpoint(resume_dir, shapes_);
     st_ = resume_from->state;
+    check_step_shape(resume_dir);
     if (c_.explicitly_set.count("max-steps") && c_.max_steps > 0) st_.total_steps = c_.max_steps;
     lora_->load(resume_from->adapter);
     if (resume_from->adam_m.size() != lora_->parameter_count())
@@ -415,48 +509,64 @@ int Run::execute() {
                 (long long)st_.total_steps);
   }
   st_.seed = c_.seed;
-  metrics_ = std::make_unique<MetricsLog>(c_.out / "metrics.jsonl", st_.step);
+  const int64_t per_rank = c_.grad_accum;
+  const int64_t per_step = per_rank * world_.size();
+  st_.world_size = world_.size();
+  st_.micro_batches_per_step = per_step;
+  st_.batch_size = c_.batch_size;
+  if (root) metrics_ = std::make_unique<MetricsLog>(c_.out / "metrics.jsonl", st_.step);
   // The schedule's total must be the run's total (resume may have changed it via --max-steps).
   adamw_->set_schedule_length(st_.total_steps, c_.warmup_for(st_.total_steps));
-  std::printf("training %lld steps of %lld x %lld micro-batches of %lld tokens (warm-up %lld, %s schedule)\n",
-              (long long)st_.total_steps, (long long)c_.grad_accum, (long long)c_.batch_size, (long long)c_.seq_len,
-              (long long)adamw_->settings().warmup_steps, c_.lr_schedule.c_str());
+  const std::string ranks = world_.distributed() ? std::to_string(world_.size()) + " ranks x " : "";
+  std::printf("training %lld steps of %s%lld x %lld micro-batches of %lld tokens (warm-up %lld, %s schedule)\n",
+              (long long)st_.total_steps, ranks.c_str(), (long long)c_.grad_accum, (long long)c_.batch_size,
+              (long long)c_.seq_len, (long long)adamw_->settings().warmup_steps, c_.lr_schedule.c_str());
   std::fflush(stdout);
 
   SignalGuard signals;
   session_start_ = interval_start_ = Clock::now();
   steps_at_start_ = st_.step;
-  while (st_.step < st_.total_steps && !g_stop_requested) {
+  bool stop = false;
+  while (st_.step < st_.total_steps && !stop) {
+    // A step is the next per_step micro-batches of the stream, in order; rank r trains on the
+    // r-th run of --grad-accum of them. Every rank walks the whole step (cheap, on the CPU), so
+    // all know its loss-token count and keep the same stream position.
     std::vector<model::TokenBatch> micro;
+    std::vector<uint64_t> micro_index;  // position in the step: picks the dropout stream
     uint64_t targets = 0;
     int64_t tokens = 0;
-    for (int64_t j = 0; j < c_.grad_accum; ++j) {
+    for (int64_t j = 0; j < per_step; ++j) {
       const data::Batch b = stream_->next();
       tokens += b.tokens;
-      micro.push_back(to_token_batch(b));
-      targets += micro.back().target_count();
+      model::TokenBatch tb = to_token_batch(b);
+      targets += tb.target_count();
+      if (j / per_rank != world_.rank()) continue;
+      micro.push_back(std::move(tb));
+      micro_index.push_back(uint64_t(j));
     }
     lora_->zero_grads();
     ctx_->fill(loss_sum_, 0);
     const float inv_n = 1.0f / float(std::max<uint64_t>(1, targets));
     for (size_t j = 0; j < micro.size(); ++j) {
       // dropout masks: a fresh stream per (step, micro-batch), reproduced exactly on resume
-      tf_->set_dropout_seed(c_.seed, uint64_t(st_.step), uint64_t(j));
+      tf_->set_dropout_seed(c_.seed, uint64_t(st_.step), micro_index[j]);
       tf_->run(micro[j], inv_n, loss_sum_, true);
     }
+    const double loss = reduce_step(inv_n);
     adamw_->compute_grad_norm();
-    const double loss = double(ctx_->download<float>(loss_sum_, 1)[0]) * double(inv_n);
     const double norm = double(ctx_->download<float>(adamw_->grad_norm(), 1)[0]);
     const double lr = adamw_->lr_at(st_.step);
+    // Every rank sees the same reduced loss and norm, so all take the same branch below.
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       if (!c_.skip_nonfinite) {
         if (tty_) std::fprintf(stderr, "\r\033[K");
         const auto all = list_checkpoints(c_.out);
-        std::fprintf(stderr,
-                     "forja: step %lld: the loss (%g) or gradient norm (%g) is not finite; training stopped, the adapter "
-                     "was not updated. Last good checkpoint: %s. Lower --lr, raise --warmup-steps, or pass "
-                     "--skip-nonfinite to skip such steps.\n",
-                     (long long)st_.step + 1, loss, norm, all.empty() ? "none" : all.back().string().c_str());
+        if (root)
+          std::fprintf(stderr,
+                       "forja: step %lld: the loss (%g) or gradient norm (%g) is not finite; training stopped, the "
+                       "adapter was not updated. Last good checkpoint: %s. Lower --lr, raise --warmup-steps, or pass "
+                       "--skip-nonfinite to skip such steps.\n",
+                       (long long)st_.step + 1, loss, norm, all.empty() ? "none" : all.back().string().c_str());
         return 3;
       }
       ++st_.skipped_nonfinite;
@@ -474,11 +584,13 @@ int Run::execute() {
     // Test hook: FORJA_TEST_SIGTERM_AFTER_STEP=N sends this process SIGTERM after step N, so the
     // tests can check the stop-and-save path without racing a fast GPU from outside.
     if (const char* v = std::getenv("FORJA_TEST_SIGTERM_AFTER_STEP"); v && std::atoll(v) == st_.step) ::raise(SIGTERM);
+    maybe_fail_rank_for_test(world_.rank(), st_.step);
     if (data_->eval && c_.eval_every > 0 && st_.step % c_.eval_every == 0) evaluate();
     if (c_.save_every > 0 && st_.step % c_.save_every == 0) save(false);
+    stop = agree_to_stop();
   }
   if (tty_) std::fprintf(stderr, "\r\033[K");
-  if (g_stop_requested && st_.step < st_.total_steps) {
+  if (stop && st_.step < st_.total_steps) {
     save(false);
     std::printf("stopped by a signal at step %lld of %lld; continue with: forja train --resume %s\n",
                 (long long)st_.step, (long long)st_.total_steps, c_.out.string().c_str());

@@ -9,8 +9,11 @@
 // (epoch, batch) is part of every checkpoint, so a resumed run sees exactly the batches the
 // uninterrupted run would have, and (the kernels being deterministic) the same losses.
 //
-// Signals: the first SIGINT/SIGTERM finishes the current step, saves a checkpoint and returns 0;
-// a second one exits at once (the checkpoints on disk stay intact: they are written atomically).
+// Signals: the first SIGINT/SIGTERM/SIGUSR1 finishes the current step, saves a checkpoint and
+// returns 0; a second one exits at once (the checkpoints on disk stay intact: they are written
+// atomically). In a distributed run (dist/world.h) a signal on any rank stops all after the same
+// step; under mpirun, SIGUSR1 to mpirun is the way to stop-and-save (it forwards it to every
+// rank), since on SIGINT/SIGTERM it kills the ranks itself shortly after.
 #pragma once
 #include "train/run_config.h"
 
