@@ -489,7 +489,14 @@ int Run::execute() {
   }
   config_yaml_ = c_.to_yaml();
   std::printf("configuration:\n%s", config_yaml_.c_str());
-  if (world_.distributed()) std::printf("distributed: %s\n", world_.describe().c_str());
+  if (world_.distributed()) {
+    std::printf("distributed: %s\n", world_.describe().c_str());
+    // Open MPI answers Ctrl-C by sending the ranks SIGCONT, SIGTERM a second later and SIGKILL
+    // a second after that (odls_base_sigkill_timeout): too soon to finish a step and save.
+    if (std::getenv("OMPI_COMM_WORLD_SIZE"))
+      std::printf("to stop and save, send SIGUSR1 to mpirun (pkill -USR1 mpirun); Ctrl-C on mpirun ends the ranks "
+                  "without saving (the last checkpoint stays good)\n");
+  }
   load();
   if (root) io::write_file_atomic(c_.out / "config.yaml", config_yaml_);
   if (!resume_dir.empty()) {
