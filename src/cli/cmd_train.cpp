@@ -32,16 +32,22 @@ forja::cli::CommandRegistration reg{"train", 10, [](CLI::App& app) {
     if (!cmd->parsed()) return -1;
     forja::train::RunConfig config;
     const auto given = [&](const std::string& k) { return (*options)[k]->count() > 0; };
+    std::filesystem::path resolved;  // the checkpoint --resume chose (verified once, here)
     if (given("resume")) {
-      const auto ckpt = forja::train::resolve_resume((*values)["resume"]);
+      // --resume-fallback decides which checkpoint, so it is read before anything else.
+      forja::train::RunConfig probe;
+      if (given("resume-fallback")) probe.set("resume-fallback", (*values)["resume-fallback"], "--resume-fallback");
+      const auto ckpt = forja::train::resolve_resume((*values)["resume"], probe.resume_fallback);
       if (std::filesystem::exists(ckpt / "config.yaml")) config.load_yaml(ckpt / "config.yaml");
       // The run continues in the folder that holds the checkpoint, not in the `out` its
       // config.yaml names: the folder may have been moved or copied since (--out still wins).
       config.out = ckpt.parent_path();
+      resolved = ckpt;
     }
     if (!config_file->empty()) config.load_yaml(*config_file);
     for (const auto& key : forja::train::config_keys())
       if (given(key.name)) config.set(key.name, (*values)[key.name], "--" + std::string(key.name));
+    if (!resolved.empty()) config.resume = resolved;
     return forja::train::run_training(config);
   };
 }};

@@ -1,9 +1,11 @@
 // forja: the program's entry point. Builds the command line from the registered subcommands
 // (src/cli/cmd_*.cpp), runs the chosen one, and turns errors into exit codes:
-// 0 success, 2 user error (one line, names the fix), 1 anything else. Under an MPI launcher
+// 0 success, 2 user error (one line, names the fix), 3 an output could not be written or training
+// stopped on a non-finite loss (what was written before is intact), 1 anything else. Under an MPI launcher
 // (`mpirun -np N forja train`) an error on any rank is printed with the rank's number and ends
 // the whole job with the same code (dist::World::abort_job), so no rank waits forever.
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <exception>
 
@@ -65,6 +67,9 @@ std::string suggestion_for_extras(CLI::App& app, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace forja::cli;
+  // A file over the size limit (ulimit -f) then fails its write with EFBIG, which the writers
+  // report as an OutputError, instead of killing the process half-way through a checkpoint.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"forja: fine-tune LLMs with QLoRA on any GPU through Vulkan compute"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "forja 0.1.0");
@@ -113,6 +118,8 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr, "forja: no command given (see forja --help)\n");
     return 2;
+  } catch (const forja::OutputError& e) {
+    return fail(3, e.what());
   } catch (const forja::UserError& e) {
     return fail(2, e.what());
   } catch (const std::exception& e) {

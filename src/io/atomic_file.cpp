@@ -42,7 +42,7 @@ AtomicFile::AtomicFile(std::filesystem::path path) : path_(std::move(path)) {
   fd_ = ::open(temp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     int err = errno;
-    throw UserError(
+    throw OutputError(
         path_.string() + ": cannot create a file in " +
         (path_.parent_path().empty() ? std::string(".") : path_.parent_path().string()) + " (" +
         errno_text(err) + "); check that the directory exists and is writable");
@@ -55,14 +55,14 @@ AtomicFile::~AtomicFile() {
 }
 
 void AtomicFile::write(const void* data, std::size_t size) {
-  if (fd_ < 0) throw UserError(path_.string() + ": write after the file was committed or failed");
+  if (fd_ < 0) throw OutputError(path_.string() + ": write after the file was committed or failed");
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     ssize_t n = ::write(fd_, p, size);
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;
-      throw UserError(
+      throw OutputError(
           path_.string() + ": writing failed after " + std::to_string(written_) + " bytes (" +
           errno_text(err) +
           "); free disk space or write elsewhere. The previous file, if any, is intact");
@@ -74,22 +74,22 @@ void AtomicFile::write(const void* data, std::size_t size) {
 }
 
 void AtomicFile::commit() {
-  if (fd_ < 0) throw UserError(path_.string() + ": commit after the file was committed or failed");
+  if (fd_ < 0) throw OutputError(path_.string() + ": commit after the file was committed or failed");
   if (::fsync(fd_) != 0) {
     int err = errno;
-    throw UserError(path_.string() + ": flushing to disk failed (" + errno_text(err) +
+    throw OutputError(path_.string() + ": flushing to disk failed (" + errno_text(err) +
                     "); free disk space or write elsewhere. The previous file, if any, is intact");
   }
   int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) {
     int err = errno;
-    throw UserError(path_.string() + ": closing failed (" + errno_text(err) +
+    throw OutputError(path_.string() + ": closing failed (" + errno_text(err) +
                     "); the previous file, if any, is intact");
   }
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
     int err = errno;
-    throw UserError(path_.string() + ": cannot replace the file (" + errno_text(err) +
+    throw OutputError(path_.string() + ": cannot replace the file (" + errno_text(err) +
                     "); check permissions of the directory and that the path is not a directory");
   }
   committed_ = true;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_file.h"
+#include "io/checksums.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
 #include "util/error.h"
@@ -65,23 +66,32 @@ fs::path save_checkpoint(const fs::path& out_dir, const Checkpoint& c, const io:
   std::error_code ec;
   fs::remove_all(partial, ec);
   fs::create_directories(partial, ec);
-  if (ec) throw UserError(partial.string() + ": cannot create the checkpoint directory (" + ec.message() + ")");
+  if (ec) throw OutputError(partial.string() + ": cannot create the checkpoint directory (" + ec.message() + ")");
 
-  io::save_adapter(partial, c.adapter, shapes);
-  {
-    std::vector<io::TensorToWrite> t(2);
-    t[0].name = "adam_m";
-    t[1].name = "adam_v";
-    t[0].shape = {int64_t(c.adam_m.size())};
-    t[1].shape = {int64_t(c.adam_v.size())};
-    t[0].data = std::as_bytes(std::span(c.adam_m));
-    t[1].data = std::as_bytes(std::span(c.adam_v));
-    io::write_safetensors(partial / kOptimizerFile, std::move(t), {{"format", "forja-adamw"}});
+  // A write that fails (disk full) removes the partial directory again, to give the space back;
+  // the earlier checkpoints are untouched.
+  try {
+    io::save_adapter(partial, c.adapter, shapes);
+    {
+      std::vector<io::TensorToWrite> t(2);
+      t[0].name = "adam_m";
+      t[1].name = "adam_v";
+      t[0].shape = {int64_t(c.adam_m.size())};
+      t[1].shape = {int64_t(c.adam_v.size())};
+      t[0].data = std::as_bytes(std::span(c.adam_m));
+      t[1].data = std::as_bytes(std::span(c.adam_v));
+      io::write_safetensors(partial / kOptimizerFile, std::move(t), {{"format", "forja-adamw"}});
+    }
+    maybe_kill_for_test(c.state.step);
+    io::write_file_atomic(partial / "config.yaml", config_yaml);
+    io::write_file_atomic(partial / kStateFile, state_to_json(c.state).dump(2) + "\n");
+    io::write_sha256sums(partial, {"adapter_model.safetensors", "adapter_config.json", kOptimizerFile, "config.yaml",
+                                   kStateFile});
+    io::sync_directory(partial);
+  } catch (...) {
+    fs::remove_all(partial, ec);
+    throw;
   }
-  maybe_kill_for_test(c.state.step);
-  io::write_file_atomic(partial / "config.yaml", config_yaml);
-  io::write_file_atomic(partial / kStateFile, state_to_json(c.state).dump(2) + "\n");
-  io::sync_directory(partial);
 
   // A checkpoint of the same step may exist (a resumed run saving again at the step it resumed
   // from): move it aside first, and delete it only once the new one is in place.
@@ -90,10 +100,10 @@ fs::path save_checkpoint(const fs::path& out_dir, const Checkpoint& c, const io:
   if (had_old) {
     fs::remove_all(old, ec);
     fs::rename(final_dir, old, ec);
-    if (ec) throw UserError(final_dir.string() + ": cannot replace the checkpoint (" + ec.message() + ")");
+    if (ec) throw OutputError(final_dir.string() + ": cannot replace the checkpoint (" + ec.message() + ")");
   }
   fs::rename(partial, final_dir, ec);
-  if (ec) throw UserError(final_dir.string() + ": cannot move the checkpoint into place (" + ec.message() + ")");
+  if (ec) throw OutputError(final_dir.string() + ": cannot move the checkpoint into place (" + ec.message() + ")");
   io::sync_directory(out_dir);
   if (had_old) fs::remove_all(old, ec);
   return final_dir;
@@ -162,13 +172,46 @@ void remove_partial_checkpoints(const fs::path& out_dir) {
   }
 }
 
-fs::path resolve_resume(const fs::path& path) {
+fs::path resolve_resume(const fs::path& path, bool fallback) {
   if (!fs::is_directory(path)) throw UserError(path.string() + ": no such directory (--resume)");
-  if (fs::exists(path / kStateFile)) return path;
-  const auto all = list_checkpoints(path);
-  if (all.empty())
-    throw UserError(path.string() + ": holds no checkpoint-N directory to resume from; give a checkpoint or a run directory");
-  return all.back();
+  // The candidates, newest first: the checkpoint given, or the run directory's checkpoints; with
+  // `fallback` the older ones of the same run follow.
+  std::vector<fs::path> candidates;
+  if (fs::exists(path / kStateFile)) {
+    candidates.push_back(path);
+    if (fallback) {
+      const auto all = list_checkpoints(path.parent_path());
+      for (auto it = all.rbegin(); it != all.rend(); ++it)
+        if (checkpoint_step(*it) < checkpoint_step(path)) candidates.push_back(*it);
+    }
+  } else {
+    const auto all = list_checkpoints(path);
+    if (all.empty())
+      throw UserError(path.string() + ": holds no checkpoint-N directory to resume from; give a checkpoint or a run directory");
+    candidates.assign(all.rbegin(), all.rend());
+    if (!fallback) candidates.resize(1);
+  }
+  std::string refused;
+  for (const auto& c : candidates) {
+    const auto damage = io::verify_sha256sums(c);
+    if (!damage) {
+      if (!refused.empty())
+        std::fprintf(stderr, "forja: passing over damaged checkpoints (%s); resuming from %s\n", refused.c_str(),
+                     c.string().c_str());
+      return c;
+    }
+    refused += (refused.empty() ? "" : "; ") + *damage;
+  }
+  if (!fallback) {
+    const fs::path run_dir = fs::exists(path / kStateFile) ? path.parent_path() : path;
+    std::string earlier;
+    for (const auto& c : list_checkpoints(run_dir))
+      if (checkpoint_step(c) < checkpoint_step(candidates.front())) earlier = c.string();
+    throw UserError(refused + "; the checkpoint is damaged: resume from an earlier one" +
+                    (earlier.empty() ? std::string() : " (--resume " + earlier + ")") +
+                    ", or pass --resume-fallback to take the newest undamaged one");
+  }
+  throw UserError("no undamaged checkpoint to resume from (" + refused + ")");
 }
 
 }  // namespace forja::train

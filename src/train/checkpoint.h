@@ -4,6 +4,7 @@
 //                                                    flat parameter layout)
 //   trainer_state.json                               step, data position, tokens, time, counters
 //   config.yaml                                      the run's resolved configuration
+//   SHA256SUMS                                       SHA-256 of each file above (sha256sum -c)
 // A checkpoint is written whole into OUT/.checkpoint-STEP.partial, every file flushed, and then
 // renamed into place and the directory synced: a kill at any moment (even SIGKILL half-way
 // through) leaves every earlier checkpoint intact and never a half checkpoint under its real name.
@@ -55,8 +56,10 @@ std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path&
 void prune_checkpoints(const std::filesystem::path& out_dir, int64_t keep);
 // Removes leftovers of interrupted checkpoint writes (.checkpoint-*.partial).
 void remove_partial_checkpoints(const std::filesystem::path& out_dir);
-// --resume PATH: a checkpoint directory, or a run directory (its newest checkpoint).
-std::filesystem::path resolve_resume(const std::filesystem::path& path);
+// --resume PATH: a checkpoint directory, or a run directory (its newest checkpoint), checked
+// against its SHA256SUMS: a damaged one is refused naming the file, unless `fallback`
+// (--resume-fallback), which passes over damaged ones to the newest good one of the run.
+std::filesystem::path resolve_resume(const std::filesystem::path& path, bool fallback = false);
 
 // Test hook: FORJA_TEST_KILL_IN_CHECKPOINT=STEP makes the process SIGKILL itself half-way through
 // writing that step's checkpoint (after some files are written, before the rename), so the tests

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <string>
 
@@ -23,7 +25,7 @@ MetricsLog::MetricsLog(const std::filesystem::path& path, int64_t resume_step) :
     io::write_file_atomic(path, kept);
   }
   f_ = std::fopen(path.c_str(), "a");
-  if (!f_) throw UserError(path.string() + ": cannot open for writing");
+  if (!f_) throw OutputError(path.string() + ": cannot open for writing");
 }
 
 MetricsLog::~MetricsLog() {
@@ -32,8 +34,8 @@ MetricsLog::~MetricsLog() {
 
 void MetricsLog::append(const nlohmann::json& row) {
   const std::string line = row.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), f_);
-  std::fflush(f_);
+  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
+    throw OutputError(path_.string() + ": cannot append a row (" + std::strerror(errno) + ")");
 }
 
 }  // namespace forja::train

@@ -171,13 +171,17 @@ const std::vector<KeyImpl>& key_table() {
               [](RunConfig& c, const std::string& v, const std::string& s) { c.device = int(parse_int(v, s)); },
               [](const RunConfig& c) { return std::to_string(c.device); }},
       BOOL_KEY("overwrite", overwrite, "replace a previous run in --out"),
+      BOOL_KEY("resume-fallback", resume_fallback,
+               "with --resume: pass over damaged checkpoints (SHA256SUMS) to the newest good one"),
       BOOL_KEY("skip-nonfinite", skip_nonfinite, "skip steps whose loss or gradients are not finite (counted)"),
   };
   return table;
 }
 
 // Keys that describe one run rather than how to reproduce it: not written to config.yaml.
-bool is_invocation_key(const std::string& k) { return k == "resume" || k == "overwrite" || k == "device"; }
+bool is_invocation_key(const std::string& k) {
+  return k == "resume" || k == "overwrite" || k == "device" || k == "resume-fallback";
+}
 
 }  // namespace
 

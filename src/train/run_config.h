@@ -63,6 +63,7 @@ struct RunConfig {
   int64_t log_every = 10;
   bool overwrite = false;
   bool skip_nonfinite = false;
+  bool resume_fallback = false;  // --resume passes over damaged checkpoints to the newest good one
 
   // Which keys were set explicitly (by file or flag), for messages and resume checks.
   std::map<std::string, std::string> explicitly_set;

@@ -20,6 +20,7 @@
 #include "gpu/vk_check.h"
 #include "io/adapter.h"
 #include "io/atomic_file.h"
+#include "io/run_lock.h"
 #include "io/safetensors.h"
 #include "model/base_weights.h"
 #include "model/config.h"
@@ -120,13 +121,18 @@ void check_input_paths(const RunConfig& c) {
     throw UserError(c.init_adapter.string() + ": no adapter_config.json there (--init-adapter wants a PEFT adapter directory)");
 }
 
-// Makes OUT ready for a fresh run: refuses one that holds another run unless --overwrite.
-void prepare_fresh_out(const RunConfig& c) {
+// Creates OUT (or accepts an existing directory).
+void ensure_out_dir(const RunConfig& c) {
   std::error_code ec;
   if (fs::exists(c.out) && !fs::is_directory(c.out))
     throw UserError(c.out.string() + ": exists and is not a directory; choose another --out");
   fs::create_directories(c.out, ec);
-  if (ec) throw UserError(c.out.string() + ": cannot create the run directory (" + ec.message() + ")");
+  if (ec) throw OutputError(c.out.string() + ": cannot create the run directory (" + ec.message() + ")");
+}
+
+// Makes OUT ready for a fresh run: refuses one that holds another run unless --overwrite.
+void prepare_fresh_out(const RunConfig& c) {
+  std::error_code ec;
   std::vector<fs::path> previous;
   for (const auto& e : fs::directory_iterator(c.out))
     if (is_run_file(e.path())) previous.push_back(e.path());
@@ -197,6 +203,7 @@ class Run {
   void load();
   double evaluate();
   void save(bool final_adapter);
+  void save_unguarded(bool final_adapter);
   void log_step(double loss, double grad_norm, double lr);
   double reduce_step(float inv_n);
   bool agree_to_stop();
@@ -214,6 +221,7 @@ class Run {
   std::unique_ptr<model::Transformer> tf_;
   std::unique_ptr<AdamW> adamw_;
   std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<io::RunLock> lock_;  // rank 0 holds OUT for the whole run
   std::optional<BatchStream> stream_;
   gpu::Buffer loss_sum_;
   io::LoraTargetShapes shapes_;
@@ -362,6 +370,19 @@ double Run::evaluate() {
 void Run::save(bool final_adapter) {
   if (!world_.is_root()) return;  // the ranks hold the same adapter and moments: rank 0 writes
   if (last_saved_step_ == st_.step && !final_adapter) return;
+  try {
+    save_unguarded(final_adapter);
+  } catch (const OutputError& e) {
+    // Disk full and the like: say what is still good and how to go on (exit 3, cli/main.cpp).
+    const auto all = list_checkpoints(c_.out);
+    if (tty_) std::fprintf(stderr, "\r\033[K");
+    throw OutputError(std::string(e.what()) + "; training stopped at step " + std::to_string(st_.step) +
+                      ". The last good checkpoint is " + (all.empty() ? std::string("none") : all.back().string()) +
+                      "; make room (or fix --out) and continue with forja train --resume " + c_.out.string());
+  }
+}
+
+void Run::save_unguarded(bool final_adapter) {
   const io::Adapter adapter = lora_->to_adapter(fs::absolute(c_.model).string());
   if (last_saved_step_ != st_.step) {
     Checkpoint ck;
@@ -484,6 +505,8 @@ int Run::execute() {
   // Only rank 0 touches OUT; the others read the checkpoint they resume from (every rank must
   // see OUT: one machine, or a shared filesystem).
   if (root) {
+    ensure_out_dir(c_);
+    lock_ = std::make_unique<io::RunLock>(c_.out);  // before anything in OUT is removed or written
     if (resume_dir.empty()) prepare_fresh_out(c_);
     else remove_partial_checkpoints(c_.out);
   }
