@@ -204,7 +204,8 @@ class Run {
 void Run::load() {
   mc_ = model::load_model_config(c_.model);
   shapes_ = model::lora_target_shapes(mc_);
-  tokenizer_.emplace(data::Tokenizer::load(c_.model));
+  // Token-id data needs no tokenizer; the dataset asks for one when a line holds text.
+  if (fs::exists(c_.model / "tokenizer.json")) tokenizer_.emplace(data::Tokenizer::load(c_.model));
 
   // Data first: its errors (bad lines) are the most likely and cost nothing on the GPU.
   data::DatasetOptions dopt;
@@ -217,7 +218,8 @@ void Run::load() {
   dopt.eval_file = c_.eval_data;
   dopt.chat_template = c_.chat_template;
   dopt.vocab_size = int32_t(mc_.vocab_size);
-  data_.emplace(data::Dataset::load(c_.data, *tokenizer_, dopt));
+  dopt.tokenizer_file = c_.model / "tokenizer.json";
+  data_.emplace(data::Dataset::load(c_.data, tokenizer_ ? &*tokenizer_ : nullptr, dopt));
   std::printf("%s\n", data_->train.stats().summary().c_str());
   if (data_->train.num_examples() == 0) throw UserError(c_.data.string() + ": no usable training example");
 
