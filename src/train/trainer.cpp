@@ -29,6 +29,8 @@
 #include "train/checkpoint.h"
 #include "train/metrics_log.h"
 #include "train/optimizer.h"
+#include "train/report.h"
+#include "train/run_record.h"
 #include "train/schedule.h"
 #include "train/token_batch.h"
 #include "util/error.h"
@@ -84,7 +86,8 @@ bool is_run_file(const fs::path& p) {
   const std::string n = p.filename().string();
   return n == "config.yaml" || n == "metrics.jsonl" || n == "adapter_model.safetensors" ||
          n == "adapter_config.json" || n.starts_with("checkpoint-") || n.starts_with(".checkpoint-") ||
-         n.starts_with(".adapter_") || n.starts_with(".metrics.jsonl") || n.starts_with(".config.yaml");
+         n.starts_with(".adapter_") || n.starts_with(".metrics.jsonl") || n.starts_with(".config.yaml") ||
+         n == "report.html" || n == "run.json" || n.starts_with(".report.html") || n.starts_with(".run.json");
 }
 
 // Inputs that must exist, checked before anything is written.
@@ -175,6 +178,7 @@ class Run {
   double evaluate();
   void save(bool final_adapter);
   void log_step(double loss, double grad_norm, double lr);
+  void report(const char* state);
 
   RunConfig c_;
   std::unique_ptr<gpu::Context> ctx_;
@@ -379,10 +383,21 @@ void Run::log_step(double loss, double grad_norm, double lr) {
                           {"grad_norm", grad_norm},
                           {"tokens", st_.tokens},
                           {"tokens_per_s", tps},
-                          {"elapsed_s", elapsed}});
+                          {"elapsed_s", elapsed},
+                          {"gpu_mem_gib", double(ctx_->arena().peak_bytes()) / double(1ull << 30)}});
     interval_start_ = now;
     interval_tokens_ = 0;
   }
+}
+
+// OUT/run.json (device, state) and OUT/report.html from OUT's files (train/report.h).
+void Run::report(const char* state) {
+  const gpu::DeviceInfo& d = ctx_->info();
+  write_run_status(c_.out, {d.name, d.type_name(), d.driver_name + " " + d.driver_info, state, st_.step,
+                            st_.total_steps});
+  update_run_report(c_.out);
+  if (std::string_view(state) != "running")
+    std::printf("report written to %s\n", (c_.out / "report.html").string().c_str());
 }
 
 int Run::execute() {
@@ -425,6 +440,8 @@ int Run::execute() {
               (long long)adamw_->settings().warmup_steps, c_.lr_schedule.c_str());
   std::fflush(stdout);
 
+  report("running");
+  std::printf("training report: %s (rewritten at each checkpoint)\n", (c_.out / "report.html").string().c_str());
   SignalGuard signals;
   session_start_ = interval_start_ = Clock::now();
   steps_at_start_ = st_.step;
@@ -459,6 +476,7 @@ int Run::execute() {
                      "was not updated. Last good checkpoint: %s. Lower --lr, raise --warmup-steps, or pass "
                      "--skip-nonfinite to skip such steps.\n",
                      (long long)st_.step + 1, loss, norm, all.empty() ? "none" : all.back().string().c_str());
+        report("failed");
         return 3;
       }
       ++st_.skipped_nonfinite;
@@ -477,17 +495,22 @@ int Run::execute() {
     // tests can check the stop-and-save path without racing a fast GPU from outside.
     if (const char* v = std::getenv("FORJA_TEST_SIGTERM_AFTER_STEP"); v && std::atoll(v) == st_.step) ::raise(SIGTERM);
     if (data_->eval && c_.eval_every > 0 && st_.step % c_.eval_every == 0) evaluate();
-    if (c_.save_every > 0 && st_.step % c_.save_every == 0) save(false);
+    if (c_.save_every > 0 && st_.step % c_.save_every == 0) {
+      save(false);
+      report("running");
+    }
   }
   if (tty_) std::fprintf(stderr, "\r\033[K");
   if (g_stop_requested && st_.step < st_.total_steps) {
     save(false);
+    report("stopped");
     std::printf("stopped by a signal at step %lld of %lld; continue with: forja train --resume %s\n",
                 (long long)st_.step, (long long)st_.total_steps, c_.out.string().c_str());
     return 0;
   }
   if (data_->eval && last_eval_step_ != st_.step) evaluate();
   save(true);
+  report("finished");
   const double elapsed = elapsed_before_ + std::chrono::duration<double>(Clock::now() - session_start_).count();
   std::printf("done: %lld steps, %lld tokens in %s, final loss %.4f%s; peak GPU memory %s\n", (long long)st_.step,
               (long long)st_.tokens, duration(elapsed).c_str(), st_.last_loss,
