@@ -4,9 +4,10 @@
 // value, at the coordinates the plot's axes give it. `forja report` rebuilds the same page and
 // compares two runs (one with HTML-special characters in its name); bad input exits 2.
 //
-// The browser: $FORJA_CHROMIUM, else chromium or chromium-browser on PATH. Without one the
-// browser test is skipped, unless FORJA_REQUIRE_BROWSER=1 (CTest sets it when CMake found
-// chromium at configure time, i.e. after scripts/setup): then a missing browser fails it.
+// The browser: $FORJA_CHROMIUM, else chromium or chromium-browser on PATH, else the one CMake
+// found at configure time. Without one the browser test is skipped, unless it is required:
+// FORJA_REQUIRE_BROWSER=1, or CMake found chromium (scripts/setup installs it, so CI has it);
+// then a missing browser fails it.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -165,7 +166,19 @@ std::string find_browser() {
     const auto r = forja::test::run_shell(std::string("command -v ") + name + " 2>/dev/null");
     if (r.exit_code == 0 && !r.output.empty()) return r.output.substr(0, r.output.find('\n'));
   }
+#ifdef FORJA_CHROMIUM_FOUND
+  if (fs::exists(FORJA_CHROMIUM_FOUND)) return FORJA_CHROMIUM_FOUND;
+#endif
   return "";
+}
+
+bool browser_required() {
+#ifdef FORJA_CHROMIUM_FOUND
+  return true;
+#else
+  const char* require = std::getenv("FORJA_REQUIRE_BROWSER");
+  return require && std::string(require) == "1";
+#endif
 }
 
 // Width and height from a PNG's IHDR chunk (0 when the file is not a PNG).
@@ -183,9 +196,9 @@ TEST(ReportCli, ChromiumRendersEveryMetricsPointOfARealRun) {
   if (!fs::exists(program())) GTEST_SKIP() << program() << " not built";
   const std::string browser = find_browser();
   if (browser.empty()) {
-    const char* require = std::getenv("FORJA_REQUIRE_BROWSER");
-    if (require && std::string(require) == "1")
-      FAIL() << "FORJA_REQUIRE_BROWSER=1 but no chromium found (set FORJA_CHROMIUM or run scripts/setup)";
+    if (browser_required())
+      FAIL() << "no chromium found, but it is required (FORJA_REQUIRE_BROWSER=1, or CMake found one at "
+                "configure time); run scripts/setup, or set FORJA_CHROMIUM";
     GTEST_SKIP() << "no chromium (scripts/setup installs it; FORJA_REQUIRE_BROWSER=1 makes this a failure)";
   }
   const fs::path out = train("run_a", "--max-steps 6 --lr 3e-3");
