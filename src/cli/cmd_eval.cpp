@@ -88,7 +88,8 @@ int run_eval(const EvalArgs& a) {
     throw UserError("--quant " + a.quant + ": use nf4 (the default, as in training) or none (dense fp32 weights)");
   if (a.seq_len < 0) throw UserError("--seq-len must be positive");
   auto ctx = gpu::Context::create(a.device, a.json);
-  model::LoadedModel m(*ctx, a.model, {.quant = quant});
+  // Token-id data needs no tokenizer; the dataset asks for one when a line holds text.
+  model::LoadedModel m(*ctx, a.model, {.quant = quant, .tokenizer_optional = true});
   std::unique_ptr<model::LoraSet> lora;
   if (!a.adapter.empty()) {
     lora = model::load_adapter(*ctx, m.config, a.adapter);
@@ -108,7 +109,8 @@ int run_eval(const EvalArgs& a) {
   o.shuffle = false;
   o.chat_template = a.chat_template;
   o.vocab_size = static_cast<int32_t>(m.config.vocab_size);
-  const auto split = data::Dataset::load(a.data, *m.tokenizer, o);
+  o.tokenizer_file = std::filesystem::path(a.model) / "tokenizer.json";
+  const auto split = data::Dataset::load(a.data, m.tokenizer ? &*m.tokenizer : nullptr, o);
   const data::Dataset& ds = split.train;
   const int64_t batches = ds.num_batches(0, a.batch_size);
   if (batches == 0) throw UserError(a.data + ": no examples to evaluate");

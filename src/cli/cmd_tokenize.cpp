@@ -23,6 +23,7 @@ struct TokenizeArgs {
   int32_t seq_len = 2048;
   bool train_on_inputs = false, skip_bad_lines = false, no_packing = false, packing = false;
   bool train_empty_think = false, skip_special = false;
+  bool text_given = false;  // --text "" is a text too (its ids are []), so emptiness cannot tell
   double eval_split = 0.0;
   uint64_t seed = 42;
 };
@@ -53,11 +54,11 @@ std::vector<int32_t> parse_id_list(const std::string& s) {
 
 int run_tokenize(const TokenizeArgs& a) {
   using namespace forja::data;
-  const int modes = !a.data.empty() + !a.text.empty() + !a.decode.empty();
+  const int modes = !a.data.empty() + a.text_given + !a.decode.empty();
   if (modes != 1)
     throw forja::UserError("tokenize: give exactly one of --data FILE, --text STRING, --decode IDS");
   const Tokenizer tok = Tokenizer::load(a.model);
-  if (!a.text.empty()) {
+  if (a.text_given) {
     std::printf("%s\n", nlohmann::json(tok.encode(a.text)).dump().c_str());
     return 0;
   }
@@ -125,7 +126,7 @@ forja::cli::CommandRegistration reg{"tokenize", 40, [](CLI::App& app) {
   cmd->add_option("--model", a->model, "Model directory with tokenizer.json")->required();
   cmd->add_option("--data", a->data, "JSONL dataset to tokenize and summarise");
   cmd->add_option("--out", a->out, "Write each example's input_ids and labels here (JSONL)");
-  cmd->add_option("--text", a->text, "Print the token ids of this text as a JSON array");
+  auto* text = cmd->add_option("--text", a->text, "Print the token ids of this text as a JSON array");
   cmd->add_option("--decode", a->decode, "Print the text of these comma-separated ids");
   cmd->add_flag("--skip-special", a->skip_special, "With --decode: drop special tokens");
   cmd->add_option("--seq-len", a->seq_len, "Sequence length (examples are truncated to it)")
@@ -141,8 +142,9 @@ forja::cli::CommandRegistration reg{"tokenize", 40, [](CLI::App& app) {
   cmd->add_option("--eval-split", a->eval_split, "Fraction of examples held out for eval");
   cmd->add_option("--eval-data", a->eval_data, "Separate JSONL file for eval");
   cmd->add_option("--seed", a->seed, "Shuffle seed")->capture_default_str();
-  return [a, cmd]() -> int {
+  return [a, cmd, text]() -> int {
     if (!cmd->parsed()) return -1;
+    a->text_given = text->count() > 0;
     return run_tokenize(*a);
   };
 }};

@@ -144,10 +144,51 @@ void shuffle(std::vector<uint32_t>& v, uint64_t seed) {
   }
 }
 
+// {"input_ids"[, "labels"]}: the ids as given, checked against the vocabulary.
+TokenizedExample ids_example(const json& j, const std::string& where, int32_t vocab) {
+  TokenizedExample ex;
+  ex.input_ids = parse_ids(j.at("input_ids"), where, "input_ids", vocab, false);
+  if (j.contains("labels") && !j["labels"].is_null()) {
+    ex.labels = parse_ids(j["labels"], where, "labels", vocab, true);
+    if (ex.labels.size() != ex.input_ids.size())
+      bad("labels length", where, "labels has " + std::to_string(ex.labels.size()) +
+                                      " entries but input_ids has " +
+                                      std::to_string(ex.input_ids.size()) +
+                                      "; they must be the same length (not shifted)");
+  } else {
+    ex.labels = ex.input_ids;
+  }
+  return ex;
+}
+
+[[noreturn]] void unknown_format(const json& j, const std::string& where) {
+  std::string keys;
+  for (auto it = j.begin(); it != j.end(); ++it)
+    keys += (keys.empty() ? "" : ", ") + ("\"" + it.key() + "\"");
+  bad("unknown format", where, "the object has keys {" + keys +
+                                   "}; expected {\"text\"}, {\"prompt\",\"completion\"}, "
+                                   "{\"messages\"} or {\"input_ids\"[,\"labels\"]}");
+}
+
+// A line that needs text tokenized when there is no tokenizer. Not a BadLineError: the line is
+// fine, the model directory lacks a file, so --skip-bad-lines must not quietly drop such lines.
+[[noreturn]] void no_tokenizer(const json& j, const std::string& where, const DatasetOptions& opt) {
+  std::string kind;
+  if (j.contains("messages")) kind = "a {\"messages\"}";
+  else if (j.contains("prompt")) kind = "a {\"prompt\", \"completion\"}";
+  else if (j.contains("text")) kind = "a {\"text\"}";
+  else unknown_format(j, where);
+  const std::string file =
+      opt.tokenizer_file.empty() ? std::string("tokenizer.json") : opt.tokenizer_file.string();
+  throw UserError(where + ": " + kind + " example needs the tokenizer, but " + file +
+                  " is missing; copy the model's tokenizer.json (and tokenizer_config.json) "
+                  "there, or give pre-tokenized {\"input_ids\"[, \"labels\"]} lines");
+}
+
 }  // namespace
 
 TokenizedExample tokenize_line(std::string_view line, const std::string& where,
-                               const Tokenizer& tok, const ChatTemplate* chat,
+                               const Tokenizer* tokp, const ChatTemplate* chat,
                                const DatasetOptions& opt, std::string* format_name) {
   if (const size_t bad_at = utf8_first_invalid(line); bad_at != std::string_view::npos)
     bad("invalid UTF-8", where, "byte " + std::to_string(bad_at + 1) +
@@ -165,25 +206,27 @@ TokenizedExample tokenize_line(std::string_view line, const std::string& where,
   if (!j.is_object())
     bad("not an object", where, "the line is " + type_name(j) +
                                     "; expected a JSON object such as {\"text\": \"...\"}");
-  const int32_t vocab = opt.vocab_size > 0 ? opt.vocab_size : tok.vocab_size();
-  TokenizedExample ex;
   auto set_format = [&](const char* f) {
     if (format_name) *format_name = f;
   };
+  if (!tokp) {
+    if (!j.contains("input_ids")) no_tokenizer(j, where, opt);
+    if (opt.vocab_size <= 0)
+      throw UserError(where + ": token ids without a tokenizer need the vocabulary size; set "
+                              "vocab_size in the model's config.json");
+    set_format("input_ids");
+    TokenizedExample ex = ids_example(j, where, opt.vocab_size);
+    if (ex.input_ids.empty()) bad("empty example", where, "the example has no tokens");
+    ex.labels[0] = kIgnoreLabel;  // nothing predicts a document's first token
+    return ex;
+  }
+  const Tokenizer& tok = *tokp;
+  const int32_t vocab = opt.vocab_size > 0 ? opt.vocab_size : tok.vocab_size();
+  TokenizedExample ex;
   const auto eos = tok.eos_id();
   if (j.contains("input_ids")) {
     set_format("input_ids");
-    ex.input_ids = parse_ids(j["input_ids"], where, "input_ids", vocab, false);
-    if (j.contains("labels") && !j["labels"].is_null()) {
-      ex.labels = parse_ids(j["labels"], where, "labels", vocab, true);
-      if (ex.labels.size() != ex.input_ids.size())
-        bad("labels length", where, "labels has " + std::to_string(ex.labels.size()) +
-                                        " entries but input_ids has " +
-                                        std::to_string(ex.input_ids.size()) +
-                                        "; they must be the same length (not shifted)");
-    } else {
-      ex.labels = ex.input_ids;
-    }
+    ex = ids_example(j, where, vocab);
   } else if (j.contains("messages") ||
              (j.contains("prompt") && j["prompt"].is_array() && j.contains("completion"))) {
     std::vector<ChatMessage> msgs;
@@ -233,12 +276,7 @@ TokenizedExample tokenize_line(std::string_view line, const std::string& where,
     if (opt.add_eos && eos) ex.input_ids.push_back(*eos);
     ex.labels = ex.input_ids;
   } else {
-    std::string keys;
-    for (auto it = j.begin(); it != j.end(); ++it)
-      keys += (keys.empty() ? "" : ", ") + ("\"" + it.key() + "\"");
-    bad("unknown format", where, "the object has keys {" + keys +
-                                     "}; expected {\"text\"}, {\"prompt\",\"completion\"}, "
-                                     "{\"messages\"} or {\"input_ids\"[,\"labels\"]}");
+    unknown_format(j, where);
   }
   if (ex.input_ids.empty()) bad("empty example", where, "the example has no tokens");
   ex.labels[0] = kIgnoreLabel;  // nothing predicts a document's first token
@@ -321,20 +359,20 @@ struct Dataset::Source {
       got += size_t(n);
     }
     if (!buf.empty() && buf.back() == '\r') buf.pop_back();
-    ex = tokenize_line(buf, where(line[i]), *tokenizer, chat ? &*chat : nullptr, options);
+    ex = tokenize_line(buf, where(line[i]), tokenizer, chat ? &*chat : nullptr, options);
     truncate(ex);
     return ex;
   }
-  static std::shared_ptr<Source> open(const std::filesystem::path& file, const Tokenizer& tok,
+  static std::shared_ptr<Source> open(const std::filesystem::path& file, const Tokenizer* tok,
                                       const DatasetOptions& opt);
 };
 
 std::shared_ptr<Dataset::Source> Dataset::Source::open(const std::filesystem::path& file,
-                                                       const Tokenizer& tok,
+                                                       const Tokenizer* tok,
                                                        const DatasetOptions& opt) {
   auto src = std::make_shared<Source>();
   src->path = file;
-  src->tokenizer = &tok;
+  src->tokenizer = tok;
   src->options = opt;
   src->stats.path = file.string();
   if (opt.seq_len < 2)
@@ -351,10 +389,10 @@ std::shared_ptr<Dataset::Source> Dataset::Source::open(const std::filesystem::pa
   // choose one when there is none); an unknown explicit name is an error at once.
   bool chat_tried = false;
   auto chat_for_line = [&]() -> const ChatTemplate* {
-    if (!chat_tried) {
+    if (!chat_tried && tok) {  // without a tokenizer only token ids are read (no template)
       chat_tried = true;
       try {
-        src->chat = ChatTemplate::choose(opt.chat_template, tok.config());
+        src->chat = ChatTemplate::choose(opt.chat_template, tok->config());
       } catch (const UserError&) {
         if (!opt.chat_template.empty()) throw;
       }
@@ -450,7 +488,7 @@ Dataset::Dataset(Dataset&&) noexcept = default;
 Dataset& Dataset::operator=(Dataset&&) noexcept = default;
 Dataset::~Dataset() = default;
 
-Dataset::Split Dataset::load(const std::filesystem::path& file, const Tokenizer& tokenizer,
+Dataset::Split Dataset::load(const std::filesystem::path& file, const Tokenizer* tokenizer,
                              const DatasetOptions& options) {
   if (options.eval_split < 0.0 || options.eval_split >= 1.0)
     throw UserError("eval split " + std::to_string(options.eval_split) +
@@ -548,7 +586,9 @@ Batch Dataset::batch(int64_t epoch, int64_t index, int32_t batch_size) const {
   const auto plan_ptr = plan(epoch);
   const Plan& p = *plan_ptr;
   const int32_t S = seq_len();
-  const int32_t pad = src_->tokenizer->pad_id().value_or(src_->tokenizer->eos_id().value_or(0));
+  // Padding is masked (label -100, segment 0), so without a tokenizer any valid id will do.
+  const Tokenizer* tok = src_->tokenizer;
+  const int32_t pad = tok ? tok->pad_id().value_or(tok->eos_id().value_or(0)) : 0;
   Batch b;
   b.batch_size = batch_size;
   b.seq_len = S;

@@ -3,7 +3,8 @@
 //   {"prompt": "...", "completion": "..."}           loss on the completion (+ EOS)
 //   {"prompt": [msgs], "completion": [msgs]}         rendered as one conversation
 //   {"messages": [{"role": ..., "content": ...}]}    chat template; loss on assistant turns
-//   {"input_ids": [...], "labels": [...]}            taken as is (labels optional, -100 = none)
+//   {"input_ids": [...], "labels": [...]}            taken as is (labels optional, -100 = none);
+//                                                    the only format that needs no tokenizer
 // turned into fixed-shape batches [B, S] for the trainer.
 //
 // Memory: opening a file reads it once, line by line, to validate and tokenize every example and
@@ -51,6 +52,9 @@ struct DatasetOptions {
   ChatRenderOptions chat;               // e.g. train_empty_think
   bool add_eos = true;                  // EOS after {"text"} and completions
   int32_t vocab_size = 0;               // ids must be below this; 0 = the tokenizer's
+  // Without a tokenizer (Dataset::load with nullptr): where tokenizer.json was looked for, named
+  // in the error a text/messages/prompt-completion line gets (only {"input_ids"} lines need none).
+  std::filesystem::path tokenizer_file;
   int64_t max_cached_tokens = 64 << 20; // keep tokenized examples in memory up to this many
 };
 
@@ -96,6 +100,10 @@ class Dataset {
   struct Split;
   static Split load(const std::filesystem::path& file, const Tokenizer& tokenizer,
                     const DatasetOptions& options);
+  // tokenizer may be null: then every line must be {"input_ids"[, "labels"]} (checked against
+  // options.vocab_size, which must be set) and padding uses id 0 (masked: label -100, segment 0).
+  static Split load(const std::filesystem::path& file, const Tokenizer* tokenizer,
+                    const DatasetOptions& options);
 
   Dataset(Dataset&&) noexcept;
   Dataset& operator=(Dataset&&) noexcept;
@@ -138,6 +146,11 @@ struct Dataset::Split {
   std::optional<Dataset> eval;
 };
 
+inline Dataset::Split Dataset::load(const std::filesystem::path& file, const Tokenizer& tokenizer,
+                                    const DatasetOptions& options) {
+  return load(file, &tokenizer, options);
+}
+
 // A bad dataset line. kind is one of: "invalid JSON", "invalid UTF-8", "not an object",
 // "unknown format", "missing field", "wrong type", "bad role", "token id out of range",
 // "labels length", "empty example", "no assistant turn", "blank line".
@@ -155,8 +168,15 @@ class BadLineError : public UserError {
 // BadLineError "where: problem; fix" for bad input; `where` is e.g. "data.jsonl:12". `chat` may
 // be null when no chat template is known: a conversation is then a UserError saying how to
 // choose one.
+// `tokenizer` may be null (see Dataset::load).
 TokenizedExample tokenize_line(std::string_view line, const std::string& where,
-                               const Tokenizer& tokenizer, const ChatTemplate* chat,
+                               const Tokenizer* tokenizer, const ChatTemplate* chat,
                                const DatasetOptions& options, std::string* format_name = nullptr);
+inline TokenizedExample tokenize_line(std::string_view line, const std::string& where,
+                                      const Tokenizer& tokenizer, const ChatTemplate* chat,
+                                      const DatasetOptions& options,
+                                      std::string* format_name = nullptr) {
+  return tokenize_line(line, where, &tokenizer, chat, options, format_name);
+}
 
 }  // namespace forja::data

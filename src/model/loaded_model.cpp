@@ -16,7 +16,17 @@ LoadedModel::LoadedModel(gpu::Context& ctx, const fs::path& model_dir, const Mod
                     ": not a directory; give a Hugging Face model directory (config.json, *.safetensors, "
                     "tokenizer.json)");
   config = load_model_config(dir);
-  if (options.tokenizer) tokenizer.emplace(data::Tokenizer::load(dir));
+  if (options.tokenizer) {
+    const fs::path file = dir / "tokenizer.json";
+    if (fs::exists(file, ec)) {
+      tokenizer.emplace(data::Tokenizer::load(dir));
+    } else if (!options.tokenizer_optional) {
+      throw UserError(file.string() +
+                      ": not found; this command turns text into tokens and back, so it needs the "
+                      "model's tokenizer: copy tokenizer.json (and tokenizer_config.json) from the "
+                      "model's Hugging Face repository into " + dir.string());
+    }
+  }
   const io::SafetensorsCheckpoint checkpoint = io::SafetensorsCheckpoint::open(dir);
   BaseWeightOptions bo;
   bo.quant = options.quant;

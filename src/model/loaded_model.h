@@ -22,6 +22,9 @@ namespace forja::model {
 struct ModelLoadOptions {
   BaseQuant quant = BaseQuant::nf4;
   bool tokenizer = true;  // false: skip tokenizer.json (the caller needs no text)
+  // true: load tokenizer.json only if DIR has one (eval on token ids needs none); false: a
+  // missing one is a UserError saying the command needs it (generate: text in and out).
+  bool tokenizer_optional = false;
 };
 
 class LoadedModel {

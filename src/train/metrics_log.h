@@ -1,6 +1,7 @@
 // OUT/metrics.jsonl: one JSON object per logged step ({"step","epoch","loss","lr","grad_norm",
-// "tokens","tokens_per_s","elapsed_s"}) or evaluation ({"step","eval_loss","eval_ppl"}), flushed
-// line by line so that a crash loses at most the line being written.
+// "tokens","tokens_per_s","elapsed_s","gpu_mem_gib"}; gpu_mem_gib = the GPU memory arena's peak so
+// far, GiB) or evaluation ({"step","eval_loss","eval_ppl"}), flushed line by line so that a crash
+// loses at most the line being written. train/run_record.h reads it back for the report.
 #pragma once
 #include <cstdio>
 #include <filesystem>

@@ -31,6 +31,8 @@
 #include "train/checkpoint.h"
 #include "train/metrics_log.h"
 #include "train/optimizer.h"
+#include "train/report.h"
+#include "train/run_record.h"
 #include "train/schedule.h"
 #include "train/token_batch.h"
 #include "util/error.h"
@@ -108,7 +110,8 @@ bool is_run_file(const fs::path& p) {
   const std::string n = p.filename().string();
   return n == "config.yaml" || n == "metrics.jsonl" || n == "adapter_model.safetensors" ||
          n == "adapter_config.json" || n.starts_with("checkpoint-") || n.starts_with(".checkpoint-") ||
-         n.starts_with(".adapter_") || n.starts_with(".metrics.jsonl") || n.starts_with(".config.yaml");
+         n.starts_with(".adapter_") || n.starts_with(".metrics.jsonl") || n.starts_with(".config.yaml") ||
+         n == "report.html" || n == "run.json" || n.starts_with(".report.html") || n.starts_with(".run.json");
 }
 
 // Inputs that must exist, checked before anything is written.
@@ -208,6 +211,7 @@ class Run {
   double reduce_step(float inv_n);
   bool agree_to_stop();
   void check_step_shape(const fs::path& checkpoint) const;
+  void report(const char* state);
 
   RunConfig c_;
   dist::World& world_ = dist::World::get();
@@ -240,7 +244,8 @@ class Run {
 void Run::load() {
   mc_ = model::load_model_config(c_.model);
   shapes_ = model::lora_target_shapes(mc_);
-  tokenizer_.emplace(data::Tokenizer::load(c_.model));
+  // Token-id data needs no tokenizer; the dataset asks for one when a line holds text.
+  if (fs::exists(c_.model / "tokenizer.json")) tokenizer_.emplace(data::Tokenizer::load(c_.model));
 
   // Data first: its errors (bad lines) are the most likely and cost nothing on the GPU.
   data::DatasetOptions dopt;
@@ -253,7 +258,8 @@ void Run::load() {
   dopt.eval_file = c_.eval_data;
   dopt.chat_template = c_.chat_template;
   dopt.vocab_size = int32_t(mc_.vocab_size);
-  data_.emplace(data::Dataset::load(c_.data, *tokenizer_, dopt));
+  dopt.tokenizer_file = c_.model / "tokenizer.json";
+  data_.emplace(data::Dataset::load(c_.data, tokenizer_ ? &*tokenizer_ : nullptr, dopt));
   std::printf("%s\n", data_->train.stats().summary().c_str());
   if (data_->train.num_examples() == 0) throw UserError(c_.data.string() + ": no usable training example");
 
@@ -434,7 +440,8 @@ void Run::log_step(double loss, double grad_norm, double lr) {
                           {"grad_norm", grad_norm},
                           {"tokens", st_.tokens},
                           {"tokens_per_s", tps},
-                          {"elapsed_s", elapsed}});
+                          {"elapsed_s", elapsed},
+                          {"gpu_mem_gib", double(ctx_->arena().peak_bytes()) / double(1ull << 30)}});
     interval_start_ = now;
     interval_tokens_ = 0;
   }
@@ -483,6 +490,17 @@ void Run::check_step_shape(const fs::path& checkpoint) const {
                   (st_.world_size == 1 ? " process" : " ranks") + " taking " + std::to_string(ckpt) +
                   " micro-batches per step; this run takes " + std::to_string(world_.size()) + " x --grad-accum " +
                   std::to_string(c_.grad_accum) + " = " + std::to_string(per_step) + "; " + fix);
+}
+
+// OUT/run.json (device, state) and OUT/report.html from OUT's files (train/report.h); rank 0's.
+void Run::report(const char* state) {
+  if (!world_.is_root()) return;
+  const gpu::DeviceInfo& d = ctx_->info();
+  write_run_status(c_.out, {d.name, d.type_name(), d.driver_name + " " + d.driver_info, state, st_.step,
+                            st_.total_steps});
+  update_run_report(c_.out);
+  if (std::string_view(state) != "running")
+    std::printf("report written to %s\n", (c_.out / "report.html").string().c_str());
 }
 
 int Run::execute() {
@@ -553,6 +571,8 @@ int Run::execute() {
               (long long)c_.seq_len, (long long)adamw_->settings().warmup_steps, c_.lr_schedule.c_str());
   std::fflush(stdout);
 
+  report("running");
+  std::printf("training report: %s (rewritten at each checkpoint)\n", (c_.out / "report.html").string().c_str());
   SignalGuard signals;
   session_start_ = interval_start_ = Clock::now();
   steps_at_start_ = st_.step;
@@ -597,6 +617,7 @@ int Run::execute() {
                        "adapter was not updated. Last good checkpoint: %s. Lower --lr, raise --warmup-steps, or pass "
                        "--skip-nonfinite to skip such steps.\n",
                        (long long)st_.step + 1, loss, norm, all.empty() ? "none" : all.back().string().c_str());
+        report("failed");
         return 3;
       }
       ++st_.skipped_nonfinite;
@@ -616,18 +637,23 @@ int Run::execute() {
     if (const char* v = std::getenv("FORJA_TEST_SIGTERM_AFTER_STEP"); v && std::atoll(v) == st_.step) ::raise(SIGTERM);
     maybe_fail_rank_for_test(world_.rank(), st_.step);
     if (data_->eval && c_.eval_every > 0 && st_.step % c_.eval_every == 0) evaluate();
-    if (c_.save_every > 0 && st_.step % c_.save_every == 0) save(false);
+    if (c_.save_every > 0 && st_.step % c_.save_every == 0) {
+      save(false);
+      report("running");
+    }
     stop = agree_to_stop();
   }
   if (tty_) std::fprintf(stderr, "\r\033[K");
   if (stop && st_.step < st_.total_steps) {
     save(false);
+    report("stopped");
     std::printf("stopped by a signal at step %lld of %lld; continue with: forja train --resume %s\n",
                 (long long)st_.step, (long long)st_.total_steps, c_.out.string().c_str());
     return 0;
   }
   if (data_->eval && last_eval_step_ != st_.step) evaluate();
   save(true);
+  report("finished");
   const double elapsed = elapsed_before_ + std::chrono::duration<double>(Clock::now() - session_start_).count();
   std::printf("done: %lld steps, %lld tokens in %s, final loss %.4f%s; peak GPU memory %s\n", (long long)st_.step,
               (long long)st_.tokens, duration(elapsed).c_str(), st_.last_loss,

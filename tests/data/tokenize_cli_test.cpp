@@ -1,4 +1,4 @@
-// `forja tokenize` end to end: --text prints the ids as JSON, --decode prints the text, --data
+// `forja tokenize` end to end: --text prints the ids as JSON (`[]` for an empty text), --decode prints the text, --data
 // summarises a dataset and --out writes ids and labels; bad input exits 2 with a one-line message.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -30,6 +30,10 @@ TEST(TokenizerCli, TextDecodeAndDataSummary) {
   auto [rc, out] = run("tokenize --model " + model + " --text 'Hi <|im_end|> 42'");
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(nlohmann::json::parse(out).get<std::vector<int32_t>>(), tok.encode("Hi <|im_end|> 42"));
+  // an empty text is a text: no ids, not a missing option
+  std::tie(rc, out) = run("tokenize --model " + model + " --text ''");
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(out, "[]\n");
   std::tie(rc, out) = run("tokenize --model " + model + " --decode 13048,151645");
   ASSERT_EQ(rc, 0) << out;
   EXPECT_EQ(out, tok.decode(std::vector<int32_t>{13048, 151645}) + "\n");
