@@ -4,7 +4,10 @@ arithmetic (docs/formats.md §3; bitsandbytes functional.py quantize_4bit, quant
 QuantState.as_dict(packed=True), utils.pack_dict_to_tensor; backends/default/ops.py for the
 pure-torch quantisers), for forja's reader tests (tests/model/test_bnb4.cpp).
 
-    make_bnb4.py --model DIR --out DIR [--blocksize 64] [--double-quant on|off]
+    make_bnb4.py --model DIR --out DIR [--variant BLOCKSIZE:on|off ...]
+
+writes one bnb-4bit copy per variant (blocksize, double quantisation; default 64:on) into
+OUT/bnb-BLOCKSIZE-on|off (one Python start for all of them: importing torch dominates).
 
 Every projection weight model.layers.N.{self_attn,mlp}.*_proj.weight is replaced by
     weight                               uint8 [(n+1)//2, 1], element 2k in the high nibble
@@ -111,14 +114,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--blocksize", type=int, default=64)
-    ap.add_argument("--double-quant", choices=["on", "off"], default="on")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="BLOCKSIZE:on|off (double quantisation); repeatable")
     a = ap.parse_args()
-    double_quant = a.double_quant == "on"
-    os.makedirs(a.out, exist_ok=True)
+    for variant in a.variant or ["64:on"]:
+        blocksize, dq = variant.split(":")
+        if dq not in ("on", "off"):
+            raise SystemExit(f"--variant {variant}: give BLOCKSIZE:on or BLOCKSIZE:off")
+        write_variant(a.model, os.path.join(a.out, f"bnb-{blocksize}-{dq}"), int(blocksize), dq == "on")
 
-    tensors = safetensors_io.load_file(os.path.join(a.model, "model.safetensors"))
-    dtypes = safetensors_io.load_dtypes(os.path.join(a.model, "model.safetensors"))
+
+def write_variant(model, out_dir, blocksize, double_quant):
+    os.makedirs(out_dir, exist_ok=True)
+
+    tensors = safetensors_io.load_file(os.path.join(model, "model.safetensors"))
+    dtypes = safetensors_io.load_dtypes(os.path.join(model, "model.safetensors"))
     torch_dtype = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
     code8 = dynamic_map_signed()
     out, reference, bf16 = {}, {}, set()
@@ -130,8 +140,8 @@ def main():
             if dtypes[name] == "BF16":
                 bf16.add(name)
             continue
-        packed, absmax = quantize_nf4(t, a.blocksize)
-        state = {"quant_type": "nf4", "absmax": None, "blocksize": a.blocksize,
+        packed, absmax = quantize_nf4(t, blocksize)
+        state = {"quant_type": "nf4", "absmax": None, "blocksize": blocksize,
                  "quant_map": None, "dtype": torch_dtype[dtypes[name]], "shape": list(t.shape)}
         out[name] = packed
         out[name + ".quant_map"] = NF4.clone()
@@ -150,14 +160,14 @@ def main():
         state = {k: v for k, v in state.items() if v is not None}
         out[name + ".quant_state.bitsandbytes__nf4"] = torch.tensor(
             list(json.dumps(state).encode("utf-8")), dtype=torch.uint8)
-        reference[name] = dequantize(packed, decoded, a.blocksize, list(t.shape))
+        reference[name] = dequantize(packed, decoded, blocksize, list(t.shape))
 
     # safetensors_io reads BF16 as fp32: the 16-bit tensors go back as BF16, bit for bit.
-    safetensors_io.save_file(out, os.path.join(a.out, "model.safetensors"),
+    safetensors_io.save_file(out, os.path.join(out_dir, "model.safetensors"),
                              dtype={k: "BF16" for k in bf16})
-    safetensors_io.save_file(reference, os.path.join(a.out, "dequantized.safetensors"))
+    safetensors_io.save_file(reference, os.path.join(out_dir, "dequantized.safetensors"))
 
-    with open(os.path.join(a.model, "config.json")) as f:
+    with open(os.path.join(model, "config.json")) as f:
         config = json.load(f)
     config["quantization_config"] = {
         "_load_in_4bit": True, "_load_in_8bit": False,
@@ -167,11 +177,11 @@ def main():
         "llm_int8_has_fp16_weight": False, "llm_int8_skip_modules": ["lm_head"],
         "llm_int8_threshold": 6.0, "load_in_4bit": True, "load_in_8bit": False,
         "quant_method": "bitsandbytes"}
-    with open(os.path.join(a.out, "config.json"), "w") as f:
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    for name in os.listdir(a.model):
+    for name in os.listdir(model):
         if name not in ("config.json", "model.safetensors"):
-            shutil.copy(os.path.join(a.model, name), os.path.join(a.out, name))
+            shutil.copy(os.path.join(model, name), os.path.join(out_dir, name))
 
 
 if __name__ == "__main__":

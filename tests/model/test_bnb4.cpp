@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "io/json_file.h"
@@ -36,14 +37,22 @@ std::pair<int, std::string> run(const std::string& command) {
 
 bool have_torch() { return run("/usr/bin/python3 -c 'import torch'").first == 0; }
 
-// The example model (bf16) and its bnb-4bit copy made by the Python writer.
-void make_fixture(const fs::path& dir, const std::string& writer_args,
-                  const train::ExampleModelShape& shape = {}) {
-  train::write_example_model(dir / "model", 5, shape);
-  const auto [rc, out] =
-      run("/usr/bin/python3 " + std::string(FORJA_SOURCE_DIR) + "/tests/model/make_bnb4.py --model " +
-          (dir / "model").string() + " --out " + (dir / "bnb").string() + " " + writer_args);
-  ASSERT_EQ(rc, 0) << out;
+// The example model (bf16) and its bnb-4bit copies made by the Python writer, once per test
+// process (one Python start: importing torch dominates): DIR/model, DIR/bnb-{64,128}-{on,off}.
+const fs::path& fixture() {
+  static const fs::path dir = [] {
+    const fs::path d = fs::temp_directory_path() / ("forja_bnb4_" + std::to_string(::getpid()));
+    fs::remove_all(d);
+    train::write_example_model(d / "model", 5);
+    train::write_example_data(d / "chat.jsonl");
+    const auto [rc, out] =
+        run("/usr/bin/python3 " + std::string(FORJA_SOURCE_DIR) + "/tests/model/make_bnb4.py --model " +
+            (d / "model").string() + " --out " + d.string() +
+            " --variant 64:on --variant 64:off --variant 128:on --variant 128:off");
+    if (rc != 0) ADD_FAILURE() << out;
+    return d;
+  }();
+  return dir;
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -69,13 +78,12 @@ std::vector<std::int64_t> shape_of(const ModelConfig& c, const std::string& name
 
 TEST(Bnb4, DoubleQuantisedCodesEqualForjasOwnNf4BitForBit) {
   if (!have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
-  const fs::path dir = test::scratch_dir();
-  make_fixture(dir, "--blocksize 64 --double-quant on");
-  const ModelConfig config = load_model_config(dir / "bnb");
+  const fs::path& dir = fixture();
+  const ModelConfig config = load_model_config(dir / "bnb-64-on");
   EXPECT_TRUE(config.bnb_4bit);
   const auto original = io::SafetensorsCheckpoint::open(dir / "model");
-  const auto bnb = io::SafetensorsCheckpoint::open(dir / "bnb");
-  const auto reference = io::SafetensorsCheckpoint::open(dir / "bnb" / "dequantized.safetensors");
+  const auto bnb = io::SafetensorsCheckpoint::open(dir / "bnb-64-on");
+  const auto reference = io::SafetensorsCheckpoint::open(dir / "bnb-64-on" / "dequantized.safetensors");
   EXPECT_TRUE(is_bnb_checkpoint(bnb));
   EXPECT_FALSE(is_bnb_checkpoint(original));
   std::int64_t multi_nested = 0, table_differences = 0;
@@ -114,16 +122,16 @@ TEST(Bnb4, DoubleQuantisedCodesEqualForjasOwnNf4BitForBit) {
 
 TEST(Bnb4, Blocksize128AndFp32AbsmaxAreReadExactly) {
   if (!have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
-  for (const char* dq : {"off", "on"}) {
-    SCOPED_TRACE(dq);
-    const fs::path dir = test::scratch_dir() / dq;
-    make_fixture(dir, std::string("--blocksize 128 --double-quant ") + dq);
-    const ModelConfig config = load_model_config(dir / "bnb");
-    const auto bnb = io::SafetensorsCheckpoint::open(dir / "bnb");
-    const auto reference = io::SafetensorsCheckpoint::open(dir / "bnb" / "dequantized.safetensors");
+  for (const char* variant : {"bnb-128-off", "bnb-128-on", "bnb-64-off"}) {
+    SCOPED_TRACE(variant);
+    const fs::path dir = fixture() / variant;
+    const std::string dq = fs::path(variant).string().ends_with("on") ? "on" : "off";
+    const ModelConfig config = load_model_config(dir);
+    const auto bnb = io::SafetensorsCheckpoint::open(dir);
+    const auto reference = io::SafetensorsCheckpoint::open(dir / "dequantized.safetensors");
     for (const std::string& name : linear_names(config)) {
       const Nf4Tensor read = read_bnb4_weight(bnb, name, shape_of(config, name));
-      EXPECT_EQ(read.double_quant, std::string(dq) == "on");
+      EXPECT_EQ(read.double_quant, dq == "on");
       EXPECT_TRUE(same_bits(nf4_dequantize(read), reference.tensor(name).to_float())) << name;
     }
   }
@@ -148,8 +156,7 @@ std::string user_error(const std::function<void()>& f) {
 TEST(Bnb4, RefusesFp4EightBitAndDamagedCheckpointsWithTheFix) {
   if (!have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
   const fs::path dir = test::scratch_dir();
-  make_fixture(dir, "--double-quant off");
-  const ModelConfig config = load_model_config(dir / "bnb");
+  fs::copy(fixture() / "bnb-64-off", dir / "bnb");
   const std::string q = linear_path(0, LinearKind::Q) + ".weight";
 
   edit_quant_config(dir / "bnb", [](nlohmann::json& c) { c["bnb_4bit_quant_type"] = "fp4"; });
@@ -209,7 +216,6 @@ TEST(Bnb4, RefusesFp4EightBitAndDamagedCheckpointsWithTheFix) {
                              (dir / "merged").string());
   EXPECT_EQ(rc, 2) << out;
   EXPECT_NE(out.find("bitsandbytes"), std::string::npos) << out;
-  (void)config;
 }
 
 // step -> loss of a run's metrics.jsonl
@@ -227,26 +233,22 @@ std::map<std::int64_t, double> losses(const fs::path& out) {
 TEST(Bnb4Cli, TrainingOnTheBnbFolderEqualsNf4OfTheOriginal) {
   if (!fs::exists(program())) GTEST_SKIP() << program() << " not built";
   if (!have_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch is not available";
-  train::ExampleModelShape shape;
-  shape.hidden = 64;
-  shape.intermediate = 128;
-  shape.head_dim = 16;
+  const fs::path& dir = fixture();
+  const fs::path runs = test::scratch_dir();
+  const std::string common = " --data " + (dir / "chat.jsonl").string() +
+                             " --seq-len 48 --batch-size 2 --grad-accum 1 --max-steps 2 "
+                             "--log-every 1 --lora-rank 4 --lr 1e-2 --warmup-steps 0";
   for (const char* dq : {"off", "on"}) {
     SCOPED_TRACE(std::string("double quant ") + dq);
-    const fs::path dir = test::scratch_dir() / dq;
-    make_fixture(dir, std::string("--blocksize 64 --double-quant ") + dq, shape);
-    train::write_example_data(dir / "chat.jsonl");
-    const std::string common = " --data " + (dir / "chat.jsonl").string() +
-                               " --seq-len 48 --batch-size 2 --grad-accum 1 --max-steps 2 "
-                               "--log-every 1 --lora-rank 4 --lr 1e-2 --warmup-steps 0";
+    const fs::path bnb = dir / (std::string("bnb-64-") + dq);
     auto [rc, out] = run(program() + " train --model " + (dir / "model").string() + " --out " +
-                         (dir / "run16").string() + " --quant nf4 --double-quant " + dq + common);
+                         (runs / (std::string("16-") + dq)).string() + " --quant nf4 --double-quant " + dq + common);
     ASSERT_EQ(rc, 0) << out;
-    std::tie(rc, out) = run(program() + " train --model " + (dir / "bnb").string() + " --out " +
-                            (dir / "runbnb").string() + common);
+    std::tie(rc, out) = run(program() + " train --model " + bnb.string() + " --out " +
+                            (runs / (std::string("bnb-") + dq)).string() + common);
     ASSERT_EQ(rc, 0) << out;
     EXPECT_NE(out.find("bitsandbytes NF4 codes as stored"), std::string::npos) << out;
-    const auto a = losses(dir / "run16"), b = losses(dir / "runbnb");
+    const auto a = losses(runs / (std::string("16-") + dq)), b = losses(runs / (std::string("bnb-") + dq));
     ASSERT_EQ(a.size(), 2u);
     ASSERT_EQ(b.size(), 2u);
     if (std::string(dq) == "off") {
@@ -257,10 +259,10 @@ TEST(Bnb4Cli, TrainingOnTheBnbFolderEqualsNf4OfTheOriginal) {
       // (see above), which moves the decoded absmax by an ulp at most.
       for (const auto& [step, loss] : a) EXPECT_NEAR(b.at(step), loss, 1e-5 * loss) << step;
     }
-    std::tie(rc, out) = run(program() + " inspect --model " + (dir / "bnb").string());
-    EXPECT_EQ(rc, 0) << out;
-    EXPECT_NE(out.find("NF4 (bitsandbytes) x14"), std::string::npos) << out;
   }
+  const auto [rc, out] = run(program() + " inspect --model " + (dir / "bnb-64-on").string());
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("NF4 (bitsandbytes) x14"), std::string::npos) << out;
 }
 
 }  // namespace
