@@ -6,8 +6,8 @@
 // its next-token logits at every position are compared with `forja eval --dump-logits` on the
 // Hugging Face model + PEFT adapter: f32 within 1e-4, f16 within 2e-2 (f16 rounds every weight).
 // The models are forja's tiny Qwen3 example (a real byte-level BPE tokenizer.json; llama.cpp's
-// tokenisation of a sentence must equal forja's) and the same weights as a Llama with llama3
-// RoPE scaling and an rsLoRA adapter (exercising the permutation and the alpha).
+// tokenisation of a sentence must equal forja's), the same weights as a Qwen2 with q/k/v biases,
+// and as a Llama with llama3 RoPE scaling and an rsLoRA adapter (the permutation and the alpha).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/adapter.h"
+#include "io/float16.h"
 #include "io/gguf_reader.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
@@ -43,7 +44,7 @@ std::string forja(const std::string& args) {
 // The example Qwen3 and a Llama copy (llama3 rope scaling), each with a random adapter whose B is
 // non-zero (the Llama's with rsLoRA), made once per test process.
 struct Models {
-  fs::path dir, qwen, qwen_adapter, llama, llama_adapter;
+  fs::path dir, qwen, qwen_adapter, llama, llama_adapter, qwen2, qwen2_adapter;
 };
 const Models& models() {
   static const Models m = [] {
@@ -66,6 +67,42 @@ const Models& models() {
     c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
                          {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
     std::ofstream(x.llama / "config.json") << c.dump(2);
+    // A Qwen2 of the same weights: no q/k norms, random q/k/v biases (bf16).
+    x.qwen2 = x.dir / "qwen2";
+    fs::create_directories(x.qwen2);
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"})
+      fs::copy(x.qwen / f, x.qwen2 / f);
+    json c2 = json::parse(io::read_text_file(x.qwen / "config.json"));
+    c2["model_type"] = "qwen2";
+    c2["architectures"] = {"Qwen2ForCausalLM"};
+    std::ofstream(x.qwen2 / "config.json") << c2.dump(2);
+    {
+      const auto ck = io::SafetensorsCheckpoint::open(x.qwen);
+      std::vector<io::TensorToWrite> tensors;
+      for (const std::string& name : ck.names())
+        if (name.find("_norm.weight") == std::string::npos || name.find("layernorm") != std::string::npos ||
+            name == "model.norm.weight")
+          tensors.push_back({name, ck.find(name)->dtype, ck.find(name)->shape, ck.tensor(name).bytes(), {}});
+      std::vector<std::vector<std::uint16_t>> biases;
+      std::uint32_t state = 12345;
+      for (int layer = 0; layer < c2["num_hidden_layers"].get<int>(); ++layer)
+        for (const char* p : {"q", "k", "v"}) {
+          const std::int64_t n = (std::string(p) == "q" ? c2["num_attention_heads"] : c2["num_key_value_heads"])
+                                     .get<std::int64_t>() * c2["head_dim"].get<std::int64_t>();
+          std::vector<std::uint16_t> b(static_cast<std::size_t>(n));
+          for (auto& v : b) {
+            state = state * 1664525u + 1013904223u;  // a small LCG: values in [-0.5, 0.5)
+            v = io::float_to_bf16(static_cast<float>(state >> 8) / 16777216.0f - 0.5f);
+          }
+          biases.push_back(std::move(b));
+          tensors.push_back({"model.layers." + std::to_string(layer) + ".self_attn." + p + "_proj.bias",
+                             io::Dtype::BF16, {n}, std::as_bytes(std::span(biases.back())), {}});
+        }
+      io::write_safetensors(x.qwen2 / "model.safetensors", std::move(tensors));
+    }
+    x.qwen2_adapter = x.dir / "qwen2-adapter";
+    forja("random-adapter --model " + x.qwen2.string() + " --out " + x.qwen2_adapter.string() +
+          " --rank 4 --alpha 8 --seed 5 --b-scale 0.05");
     x.qwen_adapter = x.dir / "qwen3-adapter";
     x.llama_adapter = x.dir / "llama-adapter";
     forja("random-adapter --model " + x.qwen.string() + " --out " + x.qwen_adapter.string() +
@@ -328,6 +365,24 @@ TEST(GgufLlamaCpp, Qwen3BaseAndAdapterGiveForjasLogits) {
   const auto [rc, ids] = run(program() + " tokenize --model " + m.qwen.string() + " --text '" + sentence + "'");
   ASSERT_EQ(rc, 0) << ids;
   EXPECT_EQ(json(lora.tokens), json::parse(ids.substr(ids.find('['))));
+}
+
+TEST(GgufLlamaCpp, Qwen2WithBiasesGivesForjasLogits) {
+  if (!fs::exists(program())) GTEST_SKIP() << program() << " not built";
+  if (!llama_cpp_available()) GTEST_SKIP() << "node-llama-cpp is not installed: run scripts/setup";
+  const Models& m = models();
+  const fs::path out = out_dir();
+  forja("export --model " + m.qwen2.string() + " --dtype f32 --out " + (out / "base.gguf").string());
+  forja("export --adapter " + m.qwen2_adapter.string() + " --out " + (out / "lora.gguf").string());
+  const test::GgufFile f = test::read_gguf(out / "base.gguf");
+  EXPECT_EQ(f.kv.at("general.architecture").s(), "qwen2");
+  ASSERT_TRUE(f.tensor("blk.1.attn_v.bias"));
+  EXPECT_EQ(f.tensor("blk.1.attn_v.bias")->type, 0u);
+  EXPECT_FALSE(f.tensor("blk.1.attn_q_norm.weight"));
+  const auto want = forja_logits(m.qwen2, m.qwen2_adapter, kIds);
+  const double f32 = max_difference(llama_cpp(out / "base.gguf", (out / "lora.gguf").string(), kIds).logits, want);
+  std::printf("qwen2: llama.cpp vs forja logits, max |difference|: f32 base (q/k/v biases) + adapter %.3g\n", f32);
+  EXPECT_LT(f32, 1e-4);
 }
 
 TEST(GgufLlamaCpp, LlamaWithLlama3RopeAndRsLoraGivesForjasLogits) {
