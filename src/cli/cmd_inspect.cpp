@@ -10,6 +10,7 @@
 
 #include "cli/command.h"
 #include "io/safetensors.h"
+#include "model/bnb4.h"
 #include "model/config.h"
 #include "model/memory_plan.h"
 #include "util/error.h"
@@ -58,6 +59,15 @@ std::string check_checkpoint(const std::filesystem::path& dir, const model::Mode
   io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(dir);
   std::map<std::string, int> dtypes;
   for (const model::ExpectedTensor& t : model::expected_tensors(c)) {
+    if (model::is_bnb4_weight(ck, t.name)) {  // stored as NF4 codes: its quant state has the shape
+      const std::vector<std::int64_t> shape = model::bnb4_weight_shape(ck, t.name);
+      if (shape != t.shape)
+        throw UserError(dir.string() + ": bitsandbytes weight '" + t.name + "' has shape " +
+                        shape_text(shape) + " but config.json implies " + shape_text(t.shape) +
+                        "; the weights and config.json belong to different models");
+      dtypes["NF4 (bitsandbytes)"]++;
+      continue;
+    }
     const io::TensorInfo* info = ck.find(t.name);
     if (!info)
       throw UserError(

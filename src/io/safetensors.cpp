@@ -42,6 +42,8 @@ std::optional<Dtype> dtype_from_name(std::string_view name) {
   if (name == "F32") return Dtype::F32;
   if (name == "F16") return Dtype::F16;
   if (name == "BF16") return Dtype::BF16;
+  if (name == "U8") return Dtype::U8;
+  if (name == "I8") return Dtype::I8;
   return std::nullopt;
 }
 
@@ -49,8 +51,8 @@ std::optional<Dtype> dtype_from_name(std::string_view name) {
 // something forja computes with.
 bool is_other_safetensors_dtype(std::string_view name) {
   static const std::set<std::string_view> other = {
-      "BOOL", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",
-      "I16",  "U16", "I32", "U32",     "F64",     "I64",     "U64",     "C64"};
+      "BOOL", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "I16",
+      "U16",  "I32",     "U32",     "F64",     "I64",     "U64",     "C64"};
   return other.count(name) > 0;
 }
 
@@ -115,7 +117,23 @@ std::optional<std::uint64_t> needed_bytes(const TensorInfo& t) {
 
 }  // namespace
 
-std::size_t dtype_size(Dtype dtype) { return dtype == Dtype::F32 ? 4 : 2; }
+std::size_t dtype_size(Dtype dtype) {
+  switch (dtype) {
+    case Dtype::F32:
+      return 4;
+    case Dtype::F16:
+    case Dtype::BF16:
+      return 2;
+    case Dtype::U8:
+    case Dtype::I8:
+      return 1;
+  }
+  return 0;
+}
+
+bool is_float_dtype(Dtype dtype) {
+  return dtype == Dtype::F32 || dtype == Dtype::F16 || dtype == Dtype::BF16;
+}
 
 const char* dtype_name(Dtype dtype) {
   switch (dtype) {
@@ -125,6 +143,10 @@ const char* dtype_name(Dtype dtype) {
       return "F16";
     case Dtype::BF16:
       return "BF16";
+    case Dtype::U8:
+      return "U8";
+    case Dtype::I8:
+      return "I8";
   }
   return "?";
 }
@@ -221,6 +243,11 @@ void TensorView::to_float(std::span<float> out, std::int64_t first) const {
   const std::size_t count = out.size();
   if (first < 0 || static_cast<std::uint64_t>(first) + count > static_cast<std::uint64_t>(numel()))
     throw std::out_of_range("TensorView::to_float: range past the end of tensor " + name());
+  if (!is_float_dtype(dtype()))
+    throw UserError("tensor '" + name() + "' holds " + dtype_name(dtype()) +
+                    " integers (quantised data), not floating-point weights; a bitsandbytes "
+                    "8-bit checkpoint or a damaged one: use the model's 16-bit release or its "
+                    "bnb-4bit (NF4) one");
   const std::size_t esize = dtype_size(dtype());
   const std::byte* src = bytes_.data() + static_cast<std::size_t>(first) * esize;
   switch (dtype()) {
@@ -241,6 +268,9 @@ void TensorView::to_float(std::span<float> out, std::int64_t first) const {
         out[i] = f16_to_float(h);
       }
       break;
+    case Dtype::U8:
+    case Dtype::I8:
+      break;  // refused above
   }
 }
 
@@ -449,6 +479,13 @@ TensorView SafetensorsCheckpoint::tensor(std::string_view name) const {
 void SafetensorsCheckpoint::release(std::string_view name) const {
   auto it = by_name_.find(name);
   if (it != by_name_.end()) files_[it->second.file].release(*it->second.info);
+}
+
+const std::filesystem::path& SafetensorsCheckpoint::path_of(std::string_view name) const {
+  static const std::filesystem::path none;
+  auto it = by_name_.find(name);
+  if (it != by_name_.end()) return files_[it->second.file].path();
+  return files_.empty() ? none : files_[0].path();
 }
 
 std::uint64_t SafetensorsCheckpoint::total_tensor_bytes() const {

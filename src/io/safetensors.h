@@ -6,8 +6,9 @@
 // then the packed row-major tensor bytes. The reader checks everything the reference reader
 // checks (formats.md §2.1) and names the file, the tensor and the fix when something is wrong.
 //
-// forja computes with F32, F16 and BF16 tensors only; any other valid safetensors dtype is
-// rejected by name.
+// forja computes with F32, F16 and BF16 tensors; U8 and I8 are read as raw bytes only (the
+// packed codes and quantisation state of bitsandbytes checkpoints, model/bnb4.h), and
+// TensorView::to_float refuses them. Any other valid safetensors dtype is rejected by name.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -22,10 +23,11 @@
 
 namespace forja::io {
 
-enum class Dtype : std::uint8_t { F32, F16, BF16 };
+enum class Dtype : std::uint8_t { F32, F16, BF16, U8, I8 };
 
-std::size_t dtype_size(Dtype dtype);  // bytes per element: 4, 2, 2
-const char* dtype_name(Dtype dtype);  // "F32", "F16", "BF16" as spelled in headers
+std::size_t dtype_size(Dtype dtype);  // bytes per element: 4, 2, 2, 1, 1
+const char* dtype_name(Dtype dtype);  // "F32", "F16", "BF16", "U8", "I8" as spelled in headers
+bool is_float_dtype(Dtype dtype);     // F32, F16, BF16
 
 // The largest header the reference reader accepts (ST-RS MAX_HEADER_SIZE).
 inline constexpr std::uint64_t kMaxHeaderSize = 100'000'000;
@@ -63,7 +65,8 @@ class TensorView {
   std::int64_t numel() const { return info_->numel(); }
   std::span<const std::byte> bytes() const { return bytes_; }  // no alignment promised
 
-  // Converts elements [first, first + out.size()) to float32 (bf16/f16 widened exactly).
+  // Converts elements [first, first + out.size()) to float32 (bf16/f16 widened exactly). An
+  // integer tensor (U8, I8: quantised data) throws UserError naming it.
   void to_float(std::span<float> out, std::int64_t first = 0) const;
   std::vector<float> to_float() const;
 
@@ -113,6 +116,8 @@ class SafetensorsCheckpoint {
   const std::vector<SafetensorsFile>& files() const { return files_; }
   std::uint64_t total_tensor_bytes() const;
   void release(std::string_view name) const;  // SafetensorsFile::release for that tensor
+  // The file that holds the tensor (for error messages); the first file when absent.
+  const std::filesystem::path& path_of(std::string_view name) const;
 
  private:
   struct Location {

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <string>
 
 #include "io/float16.h"
+#include "model/bnb4.h"
 #include "model/nf4.h"
 #include "util/error.h"
 
@@ -56,29 +58,49 @@ gpu::Buffer upload_dense(gpu::Context& ctx, BaseWeightSource& source, const Tens
   return b;
 }
 
-// Reads tensors from a mapped checkpoint, checking each one's shape against the config.
+// Reads tensors from a mapped checkpoint, checking each one's shape against the config. A
+// projection stored as bitsandbytes NF4 (model/bnb4.h) is taken as stored: its codes become the
+// NF4 base unchanged, and a dense read (--quant none) dequantises them.
 class CheckpointSource : public BaseWeightSource {
  public:
   explicit CheckpointSource(const io::SafetensorsCheckpoint& ck) : ck_(ck) {}
   void open(const TensorSpec& t) override {
+    if (t.role == TensorRole::linear && is_bnb4_weight(ck_, t.name)) {
+      bnb_.emplace(read_bnb4_weight(ck_, t.name, t.shape));
+      if (!told_) {
+        std::fprintf(stderr, "base: using the checkpoint's bitsandbytes NF4 codes as stored (%s)\n",
+                     bnb_->double_quant ? "double-quantised absmax" : "fp32 absmax");
+        told_ = true;
+      }
+      return;
+    }
     current_.emplace(ck_.tensor(t.name));  // UserError when absent
     if (current_->shape() != t.shape)
       throw UserError("tensor " + t.name + " has shape " + shape_string(current_->shape()) +
                       " but config.json implies " + shape_string(t.shape) +
                       "; the checkpoint and its config.json do not belong together");
   }
-  void read(const TensorSpec&, int64_t first, std::span<float> out) override { current_->to_float(out, first); }
+  void read(const TensorSpec&, int64_t first, std::span<float> out) override {
+    if (bnb_) nf4_dequantize(*bnb_, first, out);
+    else current_->to_float(out, first);
+  }
   Nf4Tensor read_nf4(const TensorSpec&, const Nf4Options& options) override {
+    if (bnb_) return std::move(*bnb_);
     return nf4_quantize(*current_, options);
   }
   void close(const TensorSpec& t) override {
     ck_.release(t.name);  // its pages are uploaded: keep the resident set small
+    if (bnb_)
+      for (const std::string& suffix : bnb4_state_suffixes()) ck_.release(t.name + suffix);
     current_.reset();
+    bnb_.reset();
   }
 
  private:
   const io::SafetensorsCheckpoint& ck_;
   std::optional<io::TensorView> current_;
+  std::optional<Nf4Tensor> bnb_;  // the open projection, when stored as bitsandbytes NF4
+  bool told_ = false;
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <numbers>
 
 #include "io/json_file.h"
+#include "model/bnb4.h"
 #include "util/error.h"
 
 namespace forja::model {
@@ -231,6 +232,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   c.bos_token_ids = r.token_ids("bos_token_id");
   c.eos_token_ids = r.token_ids("eos_token_id");
   c.torch_dtype = r.string("torch_dtype", r.string("dtype", ""));
+  c.bnb_4bit = parse_quantization_config(j, source).has_value();
   return c;
 }
 

@@ -54,6 +54,9 @@ struct ModelConfig {
   std::vector<std::int64_t> bos_token_ids;  // config may give an int or a list
   std::vector<std::int64_t> eos_token_ids;
   std::string torch_dtype;  // "bfloat16", ... ("" when absent)
+  // quantization_config says bitsandbytes 4-bit NF4 (model/bnb4.h): the projection weights are
+  // stored as NF4 codes. Other quantisation configs are refused when the config is parsed.
+  bool bnb_4bit = false;
 
   std::int64_t q_dim() const { return num_heads * head_dim; }
   std::int64_t kv_dim() const { return num_kv_heads * head_dim; }

@@ -17,6 +17,7 @@
 #include "io/float16.h"
 #include "io/json_file.h"
 #include "model/config.h"
+#include "model/bnb4.h"
 #include "model/nf4.h"
 #include "util/error.h"
 
@@ -66,6 +67,9 @@ void store_sum(io::Dtype dtype, const float* w, const double* delta, std::int64_
         std::memcpy(out + 2 * j, &h, 2);
       }
       return;
+    case io::Dtype::U8:
+    case io::Dtype::I8:
+      throw std::logic_error("merge: integer output dtype");
   }
 }
 
@@ -77,6 +81,10 @@ const char* torch_dtype_name(io::Dtype d) {
       return "float16";
     case io::Dtype::BF16:
       return "bfloat16";
+    case io::Dtype::U8:
+      return "uint8";
+    case io::Dtype::I8:
+      return "int8";
   }
   return "?";
 }
@@ -134,6 +142,10 @@ struct OutputTensor {
 
 }  // namespace
 
+std::int64_t merge_a_stride(std::int64_t in_features) {
+  return (in_features + kTile - 1) / kTile * kTile;
+}
+
 float round_to_f32(double v) { return static_cast<float>(v); }
 std::uint16_t round_to_bf16(double v) { return io::float_to_bf16(round_to_odd_float(v)); }
 std::uint16_t round_to_f16(double v) { return io::float_to_f16(round_to_odd_float(v)); }
@@ -155,6 +167,9 @@ void store_rounded(io::Dtype dtype, double v, std::byte* out) {
       std::memcpy(out, &h, 2);
       return;
     }
+    case io::Dtype::U8:
+    case io::Dtype::I8:
+      throw std::logic_error("store_rounded: integer output dtype");
   }
 }
 
@@ -239,6 +254,14 @@ MergeSummary merge_adapter(const MergeOptions& o) {
   // ---- everything is checked before the output directory is touched ----
   const ModelConfig config = load_model_config(o.model_dir);
   const io::SafetensorsCheckpoint checkpoint = io::SafetensorsCheckpoint::open(o.model_dir);
+  // A bitsandbytes 4-bit checkpoint holds no 16-bit projection weights to merge into, and a
+  // merged model written in its layout would need re-quantising the sums: refused.
+  if (config.bnb_4bit || is_bnb_checkpoint(checkpoint))
+    throw UserError(o.model_dir.string() +
+                    ": is a bitsandbytes quantised checkpoint (quantization_config in "
+                    "config.json); merge into the model's 16-bit release instead (e.g. "
+                    "Qwen/Qwen3-0.6B for unsloth/Qwen3-0.6B-bnb-4bit), with --from nf4 to merge "
+                    "into the NF4 weights training saw");
   const io::LoraTargetShapes shapes = lora_target_shapes(config);
   const io::AdapterFile adapter = io::AdapterFile::open(o.adapter_dir, shapes);
   const double scale = adapter.config().scaling();

@@ -89,6 +89,8 @@ void store_rounded(io::Dtype dtype, double v, std::byte* out);
 // [first, first + span.size()) as fp32; a is lora_A [r, in] widened to double with rows padded
 // to `a_stride` (zeros); b is lora_B [out, r] in fp32. Exposed so tests can drive it directly.
 using WeightReader = std::function<void(std::int64_t first, std::span<float> out)>;
+// The row stride merge_rows needs for `a`: in_features rounded up to its tile (zeros beyond).
+std::int64_t merge_a_stride(std::int64_t in_features);
 void merge_rows(const WeightReader& weight, std::int64_t in_features, std::int64_t rank,
                 const double* a, std::int64_t a_stride, const float* b, double scale,
                 io::Dtype out_dtype, std::int64_t row_begin, std::int64_t row_end,

@@ -188,7 +188,8 @@ QuantizedAbsmax double_quantize_absmax(std::span<const float> absmax) {
 float Nf4Tensor::block_absmax(std::int64_t block) const {
   const std::size_t b = static_cast<std::size_t>(block);
   if (!double_quant) return absmax[b];
-  return dynamic_map_signed()[absmax_q[b]] * nested_absmax[b / kNf4NestedBlockSize] + absmax_offset;
+  const float code = code8.empty() ? dynamic_map_signed()[absmax_q[b]] : code8[absmax_q[b]];
+  return code * nested_absmax[b / kNf4NestedBlockSize] + absmax_offset;
 }
 
 std::vector<float> Nf4Tensor::decoded_absmax() const {

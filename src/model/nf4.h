@@ -16,7 +16,8 @@
 //            float32[num_blocks], absmax[b] = max |W[e]| over block b (exact, from the source
 //            values widened to fp32).
 //   absmax with double quantisation (the default, as in QLoRA):
-//            absmax_q:      uint8[num_blocks], an index into dynamic_map_signed()
+//            absmax_q:      uint8[num_blocks], an index into dynamic_map_signed() (or into the
+//                           tensor's own code8 table, read from a bitsandbytes checkpoint)
 //            nested_absmax: float32[ceil(num_blocks / 256)], one per block of 256 absmax values
 //            absmax_offset: float32 scalar, the mean of the fp32 absmax values
 //            absmax[b] = dynamic_map_signed()[absmax_q[b]] * nested_absmax[b / 256] + absmax_offset
@@ -99,6 +100,10 @@ struct Nf4Tensor {
   std::vector<std::uint8_t> absmax_q;  // [num_blocks] dynamic-map indices; when double_quant
   std::vector<float> nested_absmax;    // [ceil(num_blocks / 256)]; when double_quant
   float absmax_offset = 0.0f;          // mean of the fp32 absmax; when double_quant
+  // The 256-entry map the absmax codes index; empty means dynamic_map_signed(). A bitsandbytes
+  // checkpoint stores its own (nested_quant_map), which may differ from ours in the last bit of
+  // a few entries (model/bnb4.h), so it travels with the codes.
+  std::vector<float> code8;
 
   std::int64_t num_blocks() const { return (numel + kNf4BlockSize - 1) / kNf4BlockSize; }
   float block_absmax(std::int64_t block) const;  // decoded (through double quantisation if on)

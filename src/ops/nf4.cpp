@@ -179,8 +179,10 @@ Nf4Weight upload_nf4(gpu::Context& ctx, const model::Nf4Tensor& t) {
     throw std::logic_error("upload_nf4: absmax codes or nested absmax do not match the blocks");
   w.absmax = upload_bytes(ctx, t.absmax_q.data(), blocks, "nf4 absmax codes");
   w.nested_absmax = upload_bytes(ctx, t.nested_absmax.data(), nested * 4, "nf4 nested absmax");
-  const auto& code8 = model::dynamic_map_signed();
-  w.code8 = upload_bytes(ctx, code8.data(), code8.size() * 4, "nf4 code8");
+  if (!t.code8.empty() && t.code8.size() != 256)
+    throw std::logic_error("upload_nf4: a code8 table needs 256 entries");
+  const float* code8 = t.code8.empty() ? model::dynamic_map_signed().data() : t.code8.data();
+  w.code8 = upload_bytes(ctx, code8, 256 * 4, "nf4 code8");
   w.absmax_offset = t.absmax_offset;
   return w;
 }

@@ -185,6 +185,29 @@ TEST_F(Nf4GpuTest, DequantizeMatchesCpuExactly) {
 
 // The fp16 dequantisation (mixed precision's scratch weight) is the CPU dequantisation rounded
 // to nearest even, and writes nothing past rows x cols.
+// A bitsandbytes checkpoint brings its own 8-bit absmax map (model/bnb4.h): the GPU must decode
+// with the tensor's table, not forja's built-in one. A table scaled by 1 + 2^-7 changes every
+// decoded absmax, so using the wrong one cannot go unnoticed.
+TEST_F(Nf4GpuTest, DequantizeUsesTheTensorsOwnAbsmaxTable) {
+  const uint32_t rows = 80, cols = 320;  // 400 blocks: two nested blocks
+  model::Nf4Tensor t = model::nf4_quantize(random_weight(rows, cols, 9), {rows, cols}, {true, 0});
+  const std::vector<float> builtin = model::nf4_dequantize(t);
+  for (float v : model::dynamic_map_signed()) t.code8.push_back(v * (1.0f + 1.0f / 128.0f));
+  const std::vector<float> want = model::nf4_dequantize(t);
+  ASSERT_NE(want, builtin);
+  ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
+  gpu::Buffer out_view;
+  gpu::Buffer out = padded(std::vector<float>(want.size(), kSentinel), out_view);
+  ops::nf4_dequantize(ctx(), gw, out_view);
+  const std::vector<float> got = unpad(out, want.size());
+  ops::free_nf4(ctx(), gw);
+  ctx().free(out);
+  size_t bad = 0;
+  for (size_t e = 0; e < want.size(); ++e)
+    if (bits(got[e]) != bits(want[e]) && bad++ < 5) ADD_FAILURE() << "element " << e << ": " << got[e] << ", want " << want[e];
+  EXPECT_EQ(bad, 0u);
+}
+
 TEST_F(Nf4GpuTest, DequantizeToF16IsTheCpuValueRounded) {
   const uint32_t shapes[][2] = {{96, 72}, {3, 1000}, {300, 100}, {256, 1100}, {1, 8}};
   for (bool dq : {false, true})

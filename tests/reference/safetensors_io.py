@@ -7,7 +7,7 @@ C++ writer are checked here too, and it writes files the way the Rust writer doe
 (tensors sorted by element size descending then by name, header padded with spaces to a
 multiple of 8, {"format": "pt"} metadata), so that the C++ reader sees canonical input.
 
-Supported dtypes: F32, F16, BF16 (and F64, I64, I32 for convenience).
+Supported dtypes: F32, F16, BF16 (and F64, I64, I32, U8, I8 for convenience).
 Tensors are returned as torch tensors on the CPU. BF16 is read by shifting the uint16
 bit pattern into the high half of a uint32 and reinterpreting it as float32 (exact), and
 written by round-to-nearest-even of the float32 bit pattern, which is what
@@ -29,6 +29,8 @@ _DTYPES = {
     "BF16": (2, np.dtype("<u2")),  # raw bits; converted below
     "I64": (8, np.dtype("<i8")),
     "I32": (4, np.dtype("<i4")),
+    "U8": (1, np.dtype("u1")),  # bitsandbytes packed codes and quant state (tests/model/make_bnb4.py)
+    "I8": (1, np.dtype("i1")),
 }
 
 MAX_HEADER_SIZE = 100_000_000  # ST-RS MAX_HEADER_SIZE
@@ -74,6 +76,8 @@ def _default_dtype(t: torch.Tensor) -> str:
         torch.bfloat16: "BF16",
         torch.int64: "I64",
         torch.int32: "I32",
+        torch.uint8: "U8",
+        torch.int8: "I8",
     }[t.dtype]
 
 
@@ -81,7 +85,7 @@ def save_file(tensors, path, dtype=None, metadata=None):
     """Write a dict name -> torch.Tensor to `path`.
 
     dtype: None keeps each tensor's own dtype; a string ("F32", "BF16", "F16") converts all
-    floating tensors to it. Metadata always contains {"format": "pt"}.
+    floating tensors to it; a dict name -> dtype string converts the tensors it names. Metadata always contains {"format": "pt"}.
     """
     meta = {"format": "pt"}
     if metadata:
@@ -94,7 +98,10 @@ def save_file(tensors, path, dtype=None, metadata=None):
     for name, t in tensors.items():
         if not isinstance(name, str) or name == "__metadata__":
             raise SafetensorsError(f"bad tensor name {name!r}")
-        dt = dtype if (dtype is not None and t.is_floating_point()) else _default_dtype(t)
+        if isinstance(dtype, dict):  # per-tensor dtypes, the others keep their own
+            dt = dtype.get(name) or _default_dtype(t)
+        else:
+            dt = dtype if (dtype is not None and t.is_floating_point()) else _default_dtype(t)
         entries.append((name, dt, list(t.shape), t))
     # Same order as the Rust writer: element size descending, then name. This keeps every
     # tensor aligned to its element size although there is no padding between tensors.
