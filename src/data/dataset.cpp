@@ -112,6 +112,12 @@ std::vector<int32_t> parse_ids(const json& arr, const std::string& where, const 
   return ids;
 }
 
+std::string known_templates() {
+  std::string known;
+  for (const auto& n : ChatTemplate::names()) known += (known.empty() ? "" : ", ") + n;
+  return known;
+}
+
 // Tokenizes text parts; trainable[k] says whether part k has loss.
 void encode_labelled(const Tokenizer& tok, const std::vector<std::string_view>& parts,
                      const std::vector<bool>& trainable, bool train_all, TokenizedExample& ex) {
@@ -202,7 +208,7 @@ TokenizedExample tokenize_line(std::string_view line, const std::string& where,
     if (!chat)
       throw UserError(where + ": a conversation, but " + tok.origin() +
                       " has no chat template forja recognises; choose one with --chat-template "
-                      "NAME (qwen3, qwen2.5, qwen2, chatml, llama3, llama3.1)");
+                      "NAME (" + known_templates() + ")");
     if (!opt.train_on_inputs &&
         std::none_of(msgs.begin(), msgs.end(), [](const ChatMessage& m) {
           return m.role == "assistant";
