@@ -222,7 +222,12 @@ TokenizedExample tokenize_line(std::string_view line, const std::string& where,
         }))
       bad("no assistant turn", where,
           "the conversation has no assistant message, so nothing would be learned from it");
-    const auto segs = chat->render(msgs, opt.chat, tok.config().bos_token.value_or(""));
+    std::vector<ChatSegment> segs;
+    try {
+      segs = chat->render(msgs, opt.chat, tok.config().bos_token.value_or(""));
+    } catch (const UserError& e) {  // roles the template refuses (Mistral: order, tool turns)
+      bad("conversation the chat template refuses", where, e.what());
+    }
     std::vector<std::string_view> parts;
     std::vector<bool> trainable;
     for (const auto& s : segs) {

@@ -131,6 +131,19 @@ TEST(DatasetFormats, MistralAddsBosAndMasksItsTemplate) {
   EXPECT_EQ(chat.input_ids[1], 3);  // [INST]
   EXPECT_EQ(tok.decode(with_loss(chat)), "Paris.</s>");
   EXPECT_EQ(tok.token_text(with_loss(chat).front()), "\xE2\x96\x81Paris");
+  // Conversations the template refuses are bad lines, with file:line.
+  const std::string two_users =
+      json({{"messages", {{{"role", "user"}, {"content", "a"}}, {{"role", "user"}, {"content", "b"}},
+                          {{"role", "assistant"}, {"content", "c"}}}}})
+          .dump() +
+      "\n";
+  try {
+    Dataset::load(write_file("mistral_bad.jsonl", data + two_users), tok, {});
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("mistral_bad.jsonl:4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("alternate"), std::string::npos) << e.what();
+  }
 }
 
 // Loads `content` expecting a UserError whose message holds every one of `needles`.
