@@ -132,7 +132,7 @@ forja::cli::CommandRegistration reg{"tokenize", 40, [](CLI::App& app) {
   cmd->add_option("--seq-len", a->seq_len, "Sequence length (examples are truncated to it)")
       ->capture_default_str();
   cmd->add_option("--chat-template", a->chat_template,
-                  "Chat template: qwen3, qwen2.5, qwen2, chatml, llama3, llama3.1 (default: detect)");
+                  "Chat template: qwen3, qwen2.5, qwen2, chatml, llama3, llama3.1, mistral, mistral-v3 (default: detect)");
   cmd->add_flag("--train-on-inputs", a->train_on_inputs, "Loss on prompts and user turns too");
   cmd->add_flag("--train-empty-think", a->train_empty_think,
                 "Qwen3: loss on the empty <think></think> block too");

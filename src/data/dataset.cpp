@@ -112,14 +112,22 @@ std::vector<int32_t> parse_ids(const json& arr, const std::string& where, const 
   return ids;
 }
 
+std::string known_templates() {
+  std::string known;
+  for (const auto& n : ChatTemplate::names()) known += (known.empty() ? "" : ", ") + n;
+  return known;
+}
+
 // Tokenizes text parts; trainable[k] says whether part k has loss.
 void encode_labelled(const Tokenizer& tok, const std::vector<std::string_view>& parts,
                      const std::vector<bool>& trainable, bool train_all, TokenizedExample& ex) {
+  // Ids already in ex (a BOS) are prompt.
+  const size_t first = ex.input_ids.size();
   std::vector<int32_t> part;
   tok.encode_parts(parts, ex.input_ids, part);
-  ex.labels.resize(ex.input_ids.size());
-  for (size_t i = 0; i < ex.input_ids.size(); ++i)
-    ex.labels[i] = (train_all || trainable[size_t(part[i])]) ? ex.input_ids[i] : kIgnoreLabel;
+  ex.labels.assign(ex.input_ids.size(), kIgnoreLabel);
+  for (size_t i = first; i < ex.input_ids.size(); ++i)
+    if (train_all || trainable[size_t(part[i - first])]) ex.labels[i] = ex.input_ids[i];
 }
 
 // splitmix64: a portable generator, so shuffles are the same on every platform.
@@ -224,6 +232,11 @@ TokenizedExample tokenize_line(std::string_view line, const std::string& where,
   const int32_t vocab = opt.vocab_size > 0 ? opt.vocab_size : tok.vocab_size();
   TokenizedExample ex;
   const auto eos = tok.eos_id();
+  // Plain text and prompt/completion start with BOS where tokenizer_config.json says
+  // add_bos_token (Llama 2, Mistral), as transformers' tokenizer(text) does; chat templates
+  // write their own BOS, and pre-tokenized ids are taken as they are.
+  const std::optional<int32_t> bos =
+      tok.config().add_bos_token ? tok.bos_id() : std::optional<int32_t>();
   if (j.contains("input_ids")) {
     set_format("input_ids");
     ex = ids_example(j, where, vocab);
@@ -245,14 +258,19 @@ TokenizedExample tokenize_line(std::string_view line, const std::string& where,
     if (!chat)
       throw UserError(where + ": a conversation, but " + tok.origin() +
                       " has no chat template forja recognises; choose one with --chat-template "
-                      "NAME (qwen3, qwen2.5, qwen2, chatml, llama3, llama3.1)");
+                      "NAME (" + known_templates() + ")");
     if (!opt.train_on_inputs &&
         std::none_of(msgs.begin(), msgs.end(), [](const ChatMessage& m) {
           return m.role == "assistant";
         }))
       bad("no assistant turn", where,
           "the conversation has no assistant message, so nothing would be learned from it");
-    const auto segs = chat->render(msgs, opt.chat, tok.config().bos_token.value_or(""));
+    std::vector<ChatSegment> segs;
+    try {
+      segs = chat->render(msgs, opt.chat, tok.config().bos_token.value_or(""));
+    } catch (const UserError& e) {  // roles the template refuses (Mistral: order, tool turns)
+      bad("conversation the chat template refuses", where, e.what());
+    }
     std::vector<std::string_view> parts;
     std::vector<bool> trainable;
     for (const auto& s : segs) {
@@ -264,6 +282,7 @@ TokenizedExample tokenize_line(std::string_view line, const std::string& where,
     set_format("prompt/completion");
     const std::string& prompt = get_string(j, "prompt", where, "\"prompt\"");
     const std::string& completion = get_string(j, "completion", where, "\"completion\"");
+    if (bos) ex.input_ids.push_back(*bos);
     encode_labelled(tok, {prompt, completion}, {false, true}, opt.train_on_inputs, ex);
     if (opt.add_eos && eos) {
       ex.input_ids.push_back(*eos);
@@ -272,7 +291,8 @@ TokenizedExample tokenize_line(std::string_view line, const std::string& where,
   } else if (j.contains("text")) {
     set_format("text");
     const std::string& text = get_string(j, "text", where, "\"text\"");
-    ex.input_ids = tok.encode(text);
+    if (bos) ex.input_ids.push_back(*bos);
+    tok.encode_append(text, ex.input_ids);
     if (opt.add_eos && eos) ex.input_ids.push_back(*eos);
     ex.labels = ex.input_ids;
   } else {

@@ -10,14 +10,30 @@ bool ends_with_replacement(const std::string& s) { return s.size() >= 3 && s.end
 std::string TextStream::push(int32_t id) {
   pending_.push_back(id);
   std::string text = tokenizer_.decode(pending_, skip_special_);
-  if (ends_with_replacement(text) && pending_.size() < kMaxHeld) return {};
-  pending_.clear();
+  const size_t held = pending_.size() - (has_context_ ? 1 : 0);
+  if (ends_with_replacement(text) && held < kMaxHeld) return {};
+  if (has_context_) {
+    const std::string context = tokenizer_.decode(std::span(pending_).first(1), skip_special_);
+    // The context's text is a prefix for every decoder forja reads; should it not be, emit the
+    // whole text rather than cut it wrongly.
+    if (text.compare(0, context.size(), context) == 0) text.erase(0, context.size());
+  }
+  pending_.erase(pending_.begin(), pending_.end() - 1);
+  has_context_ = true;
   return text;
 }
 
 std::string TextStream::flush() {
-  std::string text = pending_.empty() ? std::string() : tokenizer_.decode(pending_, skip_special_);
+  std::string text;
+  if (pending_.size() > (has_context_ ? 1u : 0u)) {
+    text = tokenizer_.decode(pending_, skip_special_);
+    if (has_context_) {
+      const std::string context = tokenizer_.decode(std::span(pending_).first(1), skip_special_);
+      if (text.compare(0, context.size(), context) == 0) text.erase(0, context.size());
+    }
+  }
   pending_.clear();
+  has_context_ = false;
   return text;
 }
 

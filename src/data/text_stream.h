@@ -1,6 +1,9 @@
 // Streaming detokenisation: the text of generated tokens as they come, never splitting a
-// multi-byte UTF-8 character that spans several byte-level BPE tokens (a token whose decoded
-// text ends in an incomplete character is held back until the next tokens complete it).
+// multi-byte UTF-8 character that spans several tokens (a token whose decoded text ends in an
+// incomplete character is held back until the next tokens complete it). Each step decodes the
+// new tokens after the last emitted one and keeps what that context adds, because
+// SentencePiece decoders treat the first token specially (Strip / Metaspace drop its leading
+// space): decoded alone, every "▁world" would lose its space.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -22,7 +25,8 @@ class TextStream {
  private:
   const Tokenizer& tokenizer_;
   bool skip_special_;
-  std::vector<int32_t> pending_;
+  std::vector<int32_t> pending_;  // the last emitted token (if any), then the held-back ones
+  bool has_context_ = false;      // pending_[0] was emitted already
 };
 
 }  // namespace forja::data

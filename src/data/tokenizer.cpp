@@ -1,4 +1,5 @@
-// Byte-level BPE from tokenizer.json; see tokenizer.h for the pipeline and docs/formats.md 5.1.
+// BPE from tokenizer.json, byte-level or SentencePiece-style; see tokenizer.h for the pipelines
+// and docs/formats.md 5.1 and 5.4.
 #include "data/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -6,6 +7,8 @@
 #include <utf8proc.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -104,6 +107,31 @@ bool is_word_byte(unsigned char c) {
          c >= 0x80;
 }
 
+// The SentencePiece word marker "▁" (U+2581).
+constexpr std::string_view kMetaspace = "\xE2\x96\x81";
+
+// s with every occurrence of `from` (not empty) replaced by `to`.
+std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
+  std::string out;
+  size_t at = 0;
+  for (size_t p; (p = s.find(from, at)) != std::string_view::npos; at = p + from.size()) {
+    out.append(s.substr(at, p - at));
+    out.append(to);
+  }
+  out.append(s.substr(at));
+  return out;
+}
+
+// One step of a SentencePiece-style decoder (tokenizers' decoders/*.rs), applied in order to
+// the list of token strings; the results are concatenated at the end.
+struct DecodeStep {
+  enum class Kind { replace, byte_fallback, fuse, strip, metaspace } kind;
+  std::string from, to;        // replace: literal pattern and content; metaspace: replacement
+  char32_t strip_char = 0;     // strip: the character, at most `start` on the left, `stop` on
+  size_t start = 0, stop = 0;  // the right, of each string
+  bool metaspace_prepends = false;  // metaspace: prepend_scheme is not "never"
+};
+
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) throw UserError(path.string() + ": cannot open the file; check the path and permissions");
@@ -139,6 +167,26 @@ struct Tokenizer::Impl {
   bool prefix_space = false;  // ByteLevel add_prefix_space (only with its own regex)
   std::unique_ptr<pcre2_code, Pcre2CodeDeleter> regex;
 
+  // SentencePiece-style files (no ByteLevel step): the text is kept as UTF-8 characters.
+  bool sentencepiece = false;
+  struct NormStep {
+    bool prepend;  // Prepend(to) if true, else Replace(from -> to)
+    std::string from, to;
+  };
+  std::vector<NormStep> sp_normalizer;  // Prepend/Replace steps, in order
+  enum class Prepend { never, first, always };
+  bool metaspace = false;  // pre_tokenizer Metaspace
+  std::string metaspace_replacement;
+  Prepend metaspace_prepend = Prepend::never;
+  bool metaspace_split = false;
+  bool byte_fallback = false;
+  std::array<int32_t, 256> fallback_id{};  // id of "<0xNN>" per byte, -1 if absent
+  int32_t unk_id = -1;                     // model.unk_token, -1 if none
+  bool fuse_unk = false;
+  std::vector<uint32_t> norm_len;  // [vocab_size]: normalised bytes a BPE token covers
+  std::vector<DecodeStep> decoder;
+  bool has_decoder = false;  // no decoder: HF joins the token strings with spaces
+
   // Piece -> ids cache (ids stored in one arena).
   mutable std::mutex cache_mutex;
   mutable StringMap<std::pair<uint32_t, uint32_t>> cache;
@@ -146,6 +194,12 @@ struct Tokenizer::Impl {
 
   void parse(const json& j);
   void parse_pre_tokenizer(const json& p);
+  void parse_sp_normalizer(const json& n);
+  void parse_metaspace(const json& p);
+  void parse_sp_decoder(const json& d);
+  void parse_sp_vocab(const json& model);
+  void parse_byte_vocab();
+  void parse_merges(const json& model);
   void compile_regex(const std::string& pattern);
   // Optional tracking of where each token starts in the caller's text (encode_parts).
   struct Track {
@@ -157,8 +211,14 @@ struct Tokenizer::Impl {
                       pcre2_match_data* md, Track* track) const;
   void emit_piece(std::string_view piece, size_t start, std::vector<int32_t>& out,
                   Track* track, const std::vector<std::pair<size_t, size_t>>* map) const;
+  void encode_segment_sp(std::string_view text, size_t raw_base, std::vector<int32_t>& out,
+                         Track* track) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+  void sp_word(std::string_view piece, std::vector<int32_t>& out,
+               std::vector<uint32_t>* lens) const;
+  size_t merge_all(int32_t* ids, uint32_t* lens, size_t n) const;
+  std::string decode_sp(std::span<const int32_t> ids, bool skip_special) const;
   std::string where(const std::string& field) const { return origin + ": " + field; }
 };
 
@@ -228,11 +288,133 @@ void Tokenizer::Impl::parse_pre_tokenizer(const json& p) {
   compile_regex(pattern);
 }
 
+namespace {
+// Whether a pre_tokenizer has a ByteLevel step: that decides between the two families.
+bool has_byte_level(const json& p) {
+  if (!p.is_object()) return false;
+  if (p.value("type", "") == "ByteLevel") return true;
+  if (p.value("type", "") == "Sequence" && p.contains("pretokenizers"))
+    for (const auto& s : p.at("pretokenizers"))
+      if (s.is_object() && s.value("type", "") == "ByteLevel") return true;
+  return false;
+}
+
+const char* kSpFix =
+    "; forja supports SentencePiece-style BPE files whose normalizer is null or "
+    "Sequence[Prepend(\"\u2581\"), Replace(\" \", \"\u2581\")] and whose pre_tokenizer is null or "
+    "Metaspace (Llama 2, Mistral v0.1-v0.3), and byte-level BPE files (Qwen, Llama 3)";
+}  // namespace
+
+void Tokenizer::Impl::parse_sp_normalizer(const json& n) {
+  if (n.is_null()) return;
+  if (!n.is_object()) throw UserError(where("normalizer") + ": expected an object or null");
+  const std::string t = n.value("type", "");
+  if (t == "Sequence") {
+    for (const auto& s : n.at("normalizers")) parse_sp_normalizer(s);
+  } else if (t == "Prepend") {
+    sp_normalizer.push_back({true, "", n.at("prepend").get<std::string>()});
+  } else if (t == "Replace") {
+    const json& pat = n.at("pattern");
+    if (!pat.contains("String") || pat.at("String").get<std::string>().empty())
+      throw UserError(where("normalizer Replace") +
+                      ": only a non-empty String pattern is supported" + kSpFix);
+    sp_normalizer.push_back({false, pat.at("String").get<std::string>(),
+                             n.at("content").get<std::string>()});
+  } else {
+    throw UserError(where("normalizer") + ": type \"" + t + "\" is not supported with a " +
+                    "SentencePiece-style (non-ByteLevel) pre_tokenizer" + kSpFix);
+  }
+}
+
+void Tokenizer::Impl::parse_metaspace(const json& p) {
+  if (p.is_null()) return;  // the legacy Llama form: the normalizer does the work
+  const json* m = &p;
+  if (p.is_object() && p.value("type", "") == "Sequence" && p.at("pretokenizers").size() == 1)
+    m = &p.at("pretokenizers")[0];
+  if (!m->is_object() || m->value("type", "") != "Metaspace")
+    throw UserError(where("pre_tokenizer") + ": type \"" +
+                    (m->is_object() ? m->value("type", "") : std::string("?")) +
+                    "\" is not supported" + kSpFix);
+  metaspace = true;
+  metaspace_replacement = m->value("replacement", std::string(kMetaspace));
+  if (utf8_sequence_length(metaspace_replacement, 0) != metaspace_replacement.size())
+    throw UserError(where("pre_tokenizer Metaspace replacement") + ": must be one character");
+  metaspace_split = m->value("split", true);
+  if (m->contains("prepend_scheme")) {
+    const std::string ps = m->at("prepend_scheme").get<std::string>();
+    if (ps == "first") {
+      metaspace_prepend = Prepend::first;
+    } else if (ps == "always") {
+      metaspace_prepend = Prepend::always;
+    } else if (ps == "never") {
+      metaspace_prepend = Prepend::never;
+    } else {
+      throw UserError(where("pre_tokenizer Metaspace prepend_scheme") + ": \"" + ps +
+                      "\" is not one of first, always, never");
+    }
+  } else {  // tokenizers < 0.19 wrote add_prefix_space instead
+    metaspace_prepend = m->value("add_prefix_space", true) ? Prepend::always : Prepend::never;
+  }
+}
+
+void Tokenizer::Impl::parse_sp_decoder(const json& d) {
+  if (d.is_null()) return;
+  has_decoder = true;
+  const std::string t = d.value("type", "");
+  const std::string fix =
+      "; forja decodes SentencePiece-style files with Sequence[Replace, ByteFallback, Fuse, "
+      "Strip] or Metaspace decoders";
+  DecodeStep step{};
+  if (t == "Sequence") {
+    for (const auto& s : d.at("decoders")) parse_sp_decoder(s);
+    return;
+  } else if (t == "Replace") {
+    const json& pat = d.at("pattern");
+    if (!pat.contains("String") || pat.at("String").get<std::string>().empty())
+      throw UserError(where("decoder Replace") + ": only a non-empty String pattern is supported" +
+                      fix);
+    step.kind = DecodeStep::Kind::replace;
+    step.from = pat.at("String").get<std::string>();
+    step.to = d.at("content").get<std::string>();
+  } else if (t == "ByteFallback") {
+    step.kind = DecodeStep::Kind::byte_fallback;
+  } else if (t == "Fuse") {
+    step.kind = DecodeStep::Kind::fuse;
+  } else if (t == "Strip") {
+    step.kind = DecodeStep::Kind::strip;
+    const std::string c = d.at("content").get<std::string>();
+    if (c.empty() || utf8_sequence_length(c, 0) != c.size())
+      throw UserError(where("decoder Strip content") + ": must be one character");
+    utf8proc_int32_t cp = 0;
+    utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(c.data()),
+                     utf8proc_ssize_t(c.size()), &cp);
+    step.strip_char = char32_t(cp);
+    step.start = d.value("start", size_t{0});
+    step.stop = d.value("stop", size_t{0});
+  } else if (t == "Metaspace") {
+    step.kind = DecodeStep::Kind::metaspace;
+    step.from = d.value("replacement", std::string(kMetaspace));
+    if (d.contains("prepend_scheme"))
+      step.metaspace_prepends = d.at("prepend_scheme").get<std::string>() != "never";
+    else
+      step.metaspace_prepends = d.value("add_prefix_space", true);
+  } else {
+    throw UserError(where("decoder") + ": type \"" + t + "\" is not supported" + fix);
+  }
+  decoder.push_back(std::move(step));
+}
+
 void Tokenizer::Impl::parse(const json& j) {
   if (!j.is_object()) throw UserError(origin + ": not a JSON object; expected a tokenizer.json");
-  // Normalizer: none or NFC.
+  const json& pre = j.contains("pre_tokenizer") ? j.at("pre_tokenizer") : json();
+  sentencepiece = !has_byte_level(pre);
+  // Normalizer: none or NFC (byte-level), Prepend/Replace (SentencePiece-style).
   const json& norm = j.contains("normalizer") ? j.at("normalizer") : json();
-  if (norm.is_object()) {
+  if (sentencepiece) {
+    parse_sp_normalizer(norm);
+    parse_metaspace(pre);
+    parse_sp_decoder(j.contains("decoder") ? j.at("decoder") : json());
+  } else if (norm.is_object()) {
     const std::string t = norm.value("type", "");
     if (t == "NFC") {
       nfc = true;
@@ -247,12 +429,13 @@ void Tokenizer::Impl::parse(const json& j) {
   } else if (!norm.is_null()) {
     throw UserError(where("normalizer") + ": expected an object or null");
   }
-  parse_pre_tokenizer(j.contains("pre_tokenizer") ? j.at("pre_tokenizer") : json());
+  if (!sentencepiece) parse_pre_tokenizer(pre);
 
   const json& model = j.at("model");
   if (model.value("type", "BPE") != "BPE")
     throw UserError(where("model.type") + ": \"" + model.value("type", "") +
-                    "\" is not supported; forja reads byte-level BPE tokenizers only");
+                    "\" is not supported; forja reads BPE tokenizers only (byte-level or "
+                    "SentencePiece-style with byte fallback)");
   auto empty_or_null = [&](const char* key) {
     return !model.contains(key) || model.at(key).is_null() ||
            (model.at(key).is_string() && model.at(key).get<std::string>().empty());
@@ -260,8 +443,12 @@ void Tokenizer::Impl::parse(const json& j) {
   if (!empty_or_null("continuing_subword_prefix") || !empty_or_null("end_of_word_suffix"))
     throw UserError(where("model") +
                     ": continuing_subword_prefix/end_of_word_suffix are not supported");
-  if (model.value("byte_fallback", false))
-    throw UserError(where("model.byte_fallback") + ": true is not supported (not a byte-level BPE)");
+  byte_fallback = model.value("byte_fallback", false);
+  if (byte_fallback && !sentencepiece)
+    throw UserError(where("model.byte_fallback") +
+                    ": true together with a ByteLevel pre_tokenizer is not supported (a byte-level "
+                    "vocabulary needs no fallback)");
+  fuse_unk = model.value("fuse_unk", false);
   if (model.contains("dropout") && !model.at("dropout").is_null() &&
       model.at("dropout").get<double>() != 0.0)
     throw UserError(where("model.dropout") + ": BPE dropout is not supported; set it to null");
@@ -314,7 +501,45 @@ void Tokenizer::Impl::parse(const json& j) {
       added_lengths.push_back(t.content.size());
   }
   std::sort(added_lengths.rbegin(), added_lengths.rend());
+  if (sentencepiece) {
+    // Added tokens marked normalized are matched by tokenizers on the normalised text, after
+    // Prepend/Replace have run over the whole segment; forja matches on the raw text only.
+    if (!sp_normalizer.empty())
+      for (const auto& t : added)
+        if (t.normalized)
+          throw UserError(where("added_tokens") + ": \"" + t.content +
+                          "\" has normalized: true, which forja does not support together with "
+                          "a Prepend/Replace normalizer; set it to false");
+    parse_sp_vocab(model);
+  } else {
+    parse_byte_vocab();
+  }
+  parse_merges(model);
+}
 
+void Tokenizer::Impl::parse_sp_vocab(const json& model) {
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    auto it = vocab.find(std::string_view(name));
+    fallback_id[size_t(b)] = it == vocab.end() ? -1 : it->second;
+  }
+  if (model.contains("unk_token") && model.at("unk_token").is_string()) {
+    const std::string unk = model.at("unk_token").get<std::string>();
+    auto it = vocab.find(unk);
+    if (it == vocab.end())
+      throw UserError(where("model.unk_token") + ": \"" + unk + "\" is not in model.vocab");
+    unk_id = it->second;
+  }
+  // A token covers its string's bytes of normalised text; a byte-fallback token one byte.
+  norm_len.assign(size_t(vocab_size), 0);
+  for (int32_t id = 0; id < vocab_size; ++id)
+    norm_len[size_t(id)] = uint32_t(id_to_token[size_t(id)].size());
+  for (int32_t id : fallback_id)
+    if (id >= 0) norm_len[size_t(id)] = 1;
+}
+
+void Tokenizer::Impl::parse_byte_vocab() {
   // Byte alphabet.
   const auto b2u = bytes_to_unicode();
   std::unordered_map<char32_t, uint8_t> u2b;
@@ -354,7 +579,9 @@ void Tokenizer::Impl::parse(const json& j) {
     }
     id_to_bytes[size_t(id)] = all_mapped ? bytes : s;
   }
+}
 
+void Tokenizer::Impl::parse_merges(const json& model) {
   // Merges, in either serialisation: "a b" (tokenizers < 0.20) or ["a", "b"].
   const json& m = model.at("merges");
   if (!m.is_array()) throw UserError(where("model.merges") + ": expected an array");
@@ -385,18 +612,17 @@ void Tokenizer::Impl::parse(const json& j) {
   }
 }
 
-void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) const {
-  const size_t n = piece.size();
-  if (n == 1) {
-    out.push_back(byte_id[uint8_t(piece[0])]);
-    return;
-  }
+// The merge loop shared by both families (tokenizers' Word::merge_all): repeatedly merge the
+// adjacent pair of lowest rank, leftmost on ties, until no pair is in the merge table. ids[0..n)
+// are the symbols; the result is written back to ids[0..return value). lens (may be null) holds
+// each symbol's length in normalised bytes and is merged alongside.
+size_t Tokenizer::Impl::merge_all(int32_t* ids, uint32_t* lens, size_t n) const {
+  if (n < 2) return n;
   constexpr int32_t kNone = INT32_MAX;
   if (n <= 128) {
-    // Short pieces: keep the rank of each adjacent pair, merge the lowest (leftmost on ties).
-    int32_t ids[128], ranks[128], merged[128];
+    // Short words: keep the rank of each adjacent pair, merge the lowest (leftmost on ties).
+    int32_t ranks[128], merged[128];
     size_t len = n;
-    for (size_t i = 0; i < n; ++i) ids[i] = byte_id[uint8_t(piece[i])];
     auto rank_at = [&](size_t i) {
       const PairMap::Entry* e = merges.find(ids[i], ids[i + 1]);
       ranks[i] = e ? e->rank : kNone;
@@ -410,8 +636,10 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) con
         if (ranks[i] < best_rank) best_rank = ranks[i], best = i;
       if (best_rank == kNone) break;
       ids[best] = merged[best];
+      if (lens) lens[best] += lens[best + 1];
       for (size_t i = best + 1; i + 1 < len; ++i) {
         ids[i] = ids[i + 1];
+        if (lens) lens[i] = lens[i + 1];
         ranks[i] = ranks[i + 1];
         merged[i] = merged[i + 1];
       }
@@ -419,11 +647,9 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) con
       if (best > 0) rank_at(best - 1);
       if (best + 1 < len) rank_at(best);
     }
-    out.insert(out.end(), ids, ids + len);
-    return;
+    return len;
   }
-  // Long pieces: a heap of candidate merges over a linked list of symbols (as tokenizers'
-  // Word::merge_all), O(n log n).
+  // Long words: a heap of candidate merges over a linked list of symbols, O(n log n).
   struct Sym {
     int32_t id;
     int32_t prev, next;
@@ -431,7 +657,7 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) con
   };
   std::vector<Sym> sym(n);
   for (size_t i = 0; i < n; ++i)
-    sym[i] = Sym{byte_id[uint8_t(piece[i])], int32_t(i) - 1, i + 1 < n ? int32_t(i + 1) : -1, true};
+    sym[i] = Sym{ids[i], int32_t(i) - 1, i + 1 < n ? int32_t(i + 1) : -1, true};
   struct Cand {
     int32_t rank, pos, merged;
     bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
@@ -453,13 +679,84 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) con
     const PairMap::Entry* e = merges.find(s.id, nx.id);
     if (!e || e->merged != c.merged || e->rank != c.rank) continue;  // stale candidate
     s.id = c.merged;
+    if (lens) lens[size_t(c.pos)] += lens[size_t(s.next)];
     nx.alive = false;
     s.next = nx.next;
     if (s.next >= 0) sym[size_t(s.next)].prev = c.pos;
     if (s.prev >= 0) push(s.prev);
     push(c.pos);
   }
-  for (int32_t i = 0; i >= 0; i = sym[size_t(i)].next) out.push_back(sym[size_t(i)].id);
+  size_t len = 0;
+  for (int32_t i = 0; i >= 0; i = sym[size_t(i)].next) {
+    ids[len] = sym[size_t(i)].id;
+    if (lens) lens[len] = lens[size_t(i)];  // len <= i: compacting forwards is safe
+    ++len;
+  }
+  return len;
+}
+
+void Tokenizer::Impl::bpe(std::string_view piece, std::vector<int32_t>& out) const {
+  const size_t n = piece.size();
+  if (n <= 128) {
+    int32_t ids[128];
+    for (size_t i = 0; i < n; ++i) ids[i] = byte_id[uint8_t(piece[i])];
+    out.insert(out.end(), ids, ids + merge_all(ids, nullptr, n));
+    return;
+  }
+  std::vector<int32_t> ids(n);
+  for (size_t i = 0; i < n; ++i) ids[i] = byte_id[uint8_t(piece[i])];
+  ids.resize(merge_all(ids.data(), nullptr, n));
+  out.insert(out.end(), ids.begin(), ids.end());
+}
+
+// SentencePiece-style word (tokenizers' BPE::merge_word): each character is its vocabulary id;
+// one that is not in the vocabulary becomes its bytes' <0xNN> tokens when byte_fallback is on
+// and all of them exist, else <unk> (consecutive ones fused into one with fuse_unk). As in
+// tokenizers, a pending <unk> is only flushed by the next in-vocabulary character, so byte
+// tokens that follow it come first (only files lacking some <0xNN> tokens can show this).
+void Tokenizer::Impl::sp_word(std::string_view piece, std::vector<int32_t>& out,
+                              std::vector<uint32_t>* lens_out) const {
+  std::vector<int32_t> ids;
+  std::vector<uint32_t> lens;
+  ids.reserve(piece.size());
+  lens.reserve(piece.size());
+  int32_t unk_len = 0;  // > 0: an <unk> of that many bytes is pending
+  auto flush_unk = [&] {
+    if (unk_len > 0) {
+      ids.push_back(unk_id);
+      lens.push_back(uint32_t(unk_len));
+      unk_len = 0;
+    }
+  };
+  for (size_t i = 0; i < piece.size();) {
+    const size_t n = std::max<size_t>(1, utf8_sequence_length(piece, i));
+    const std::string_view ch = piece.substr(i, n);
+    i += n;
+    if (auto it = vocab.find(ch); it != vocab.end()) {
+      flush_unk();
+      ids.push_back(it->second);
+      lens.push_back(uint32_t(n));
+      continue;
+    }
+    if (byte_fallback &&
+        std::all_of(ch.begin(), ch.end(), [&](char c) { return fallback_id[uint8_t(c)] >= 0; })) {
+      for (char c : ch) {
+        ids.push_back(fallback_id[uint8_t(c)]);
+        lens.push_back(1);
+      }
+      continue;
+    }
+    if (unk_id < 0)
+      throw UserError(origin + ": the character \"" + std::string(ch) +
+                      "\" is not in the vocabulary and the file has neither byte_fallback tokens "
+                      "for it nor an unk_token; this tokenizer.json cannot encode the text");
+    if (unk_len > 0 && !fuse_unk) flush_unk();
+    unk_len += int32_t(n);
+  }
+  flush_unk();
+  const size_t len = merge_all(ids.data(), lens.data(), ids.size());
+  out.insert(out.end(), ids.begin(), ids.begin() + ptrdiff_t(len));
+  if (lens_out) lens_out->insert(lens_out->end(), lens.begin(), lens.begin() + ptrdiff_t(len));
 }
 
 void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
@@ -478,15 +775,22 @@ void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>&
   bool done = false;
   if (ignore_merges) {
     std::string mapped;
-    mapped.reserve(piece.size() * 2);
-    for (char c : piece) mapped += byte_str[uint8_t(c)];
-    auto it = vocab.find(mapped);
+    if (!sentencepiece) {
+      mapped.reserve(piece.size() * 2);
+      for (char c : piece) mapped += byte_str[uint8_t(c)];
+    }
+    auto it = vocab.find(sentencepiece ? piece : std::string_view(mapped));
     if (it != vocab.end()) {
       out.push_back(it->second);
       done = true;
     }
   }
-  if (!done) bpe(piece, out);
+  if (!done) {
+    if (sentencepiece)
+      sp_word(piece, out, nullptr);
+    else
+      bpe(piece, out);
+  }
   if (cacheable) {
     std::lock_guard lock(cache_mutex);
     if (cache.size() >= (1u << 20) || cache_ids.size() >= (1u << 24)) {
@@ -599,13 +903,107 @@ void Tokenizer::Impl::encode_segment(std::string_view text, size_t raw_base,
   if (pos < text.size()) piece_at(pos, text.size());
 }
 
+// One segment of a SentencePiece-style file (the text between added tokens, starting at raw
+// offset raw_base): the normalizer's Prepend/Replace steps, then Metaspace, then BPE per piece.
+// map[i] is the raw offset of normalised byte i, so that tracked tokens find their part.
+void Tokenizer::Impl::encode_segment_sp(std::string_view text, size_t raw_base,
+                                        std::vector<int32_t>& out, Track* track) const {
+  if (text.empty()) return;
+  std::string norm(text);
+  std::vector<uint32_t> map(text.size());
+  for (size_t i = 0; i < map.size(); ++i) map[i] = uint32_t(raw_base + i);
+  // Replace `from` by `to` everywhere; the bytes of `to` map to where `from` began.
+  auto replace = [&](std::string_view from, std::string_view to) {
+    if (norm.find(from) == std::string::npos) return;
+    std::string s;
+    std::vector<uint32_t> m;
+    s.reserve(norm.size() + norm.size() / 2);
+    m.reserve(s.capacity());
+    for (size_t i = 0; i < norm.size();) {
+      if (norm.compare(i, from.size(), from) == 0) {
+        s.append(to);
+        m.insert(m.end(), to.size(), map[i]);
+        i += from.size();
+      } else {
+        s.push_back(norm[i]);
+        m.push_back(map[i]);
+        ++i;
+      }
+    }
+    norm.swap(s);
+    map.swap(m);
+  };
+  auto prepend = [&](std::string_view p) {
+    norm.insert(0, p);
+    map.insert(map.begin(), p.size(), map.empty() ? uint32_t(raw_base) : map.front());
+  };
+  for (const NormStep& step : sp_normalizer) {
+    if (step.prepend) {
+      if (!norm.empty()) prepend(step.to);  // tokenizers' Prepend skips empty text
+    } else {
+      replace(step.from, step.to);
+    }
+  }
+  std::vector<std::pair<size_t, size_t>> pieces;  // [start, end) in norm
+  if (metaspace) {
+    replace(" ", metaspace_replacement);
+    // "first": only the segment that starts the text (tokenizers checks the segment's offset
+    // in the original text), and never twice.
+    const bool want = metaspace_prepend == Prepend::always ||
+                      (metaspace_prepend == Prepend::first && raw_base == 0);
+    if (want && norm.compare(0, metaspace_replacement.size(), metaspace_replacement) != 0)
+      prepend(metaspace_replacement);
+    if (metaspace_split) {  // split before every replacement (MergedWithNext)
+      size_t begin = 0;
+      for (size_t p = norm.find(metaspace_replacement, 1); p != std::string::npos;
+           p = norm.find(metaspace_replacement, p + 1)) {
+        pieces.emplace_back(begin, p);
+        begin = p;
+      }
+      pieces.emplace_back(begin, norm.size());
+    }
+  }
+  if (pieces.empty()) pieces.emplace_back(0, norm.size());
+  std::vector<uint32_t> lens;
+  for (const auto& [b, e] : pieces) {
+    if (e == b) continue;
+    const std::string_view piece = std::string_view(norm).substr(b, e - b);
+    const size_t first = out.size();
+    encode_piece(piece, out);
+    if (!track) continue;
+    // Token lengths follow from the ids, except for <unk>, whose length the word knows.
+    lens.clear();
+    bool has_unk = false;
+    for (size_t k = first; k < out.size(); ++k) {
+      has_unk |= out[k] == unk_id;
+      lens.push_back(norm_len[size_t(out[k])]);
+    }
+    if (has_unk) {
+      out.resize(first);
+      lens.clear();
+      sp_word(piece, out, &lens);
+    }
+    size_t off = b;
+    for (uint32_t len : lens) {
+      track->starts->push_back(map[std::min(off, map.size() - 1)]);
+      off += len;
+    }
+  }
+}
+
 void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& out,
                                   Track* track) const {
   if (const size_t bad = utf8_first_invalid(text); bad != std::string_view::npos)
     throw UserError("text is not valid UTF-8 (byte " + std::to_string(bad) +
                     "); fix the encoding of the input");
   std::unique_ptr<pcre2_match_data, Pcre2MatchDataDeleter> md(
-      pcre2_match_data_create_from_pattern(regex.get(), nullptr));
+      regex ? pcre2_match_data_create_from_pattern(regex.get(), nullptr) : nullptr);
+  auto segment = [&](size_t start, size_t len) {
+    if (sentencepiece)
+      encode_segment_sp(text.substr(start, len), start, out, track);
+    else
+      encode_segment(text.substr(start, len), start, out, md.get(), track);
+  };
   // Cut out added tokens: at the leftmost position where one matches, the longest one.
   size_t seg_start = 0, i = 0;
   const size_t n = text.size();
@@ -639,12 +1037,104 @@ void Tokenizer::Impl::encode_text(std::string_view text, std::vector<int32_t>& o
       while (s > seg_start && is_ascii_space(text[s - 1])) --s;
     if (hit->rstrip)
       while (e < n && is_ascii_space(text[e])) ++e;
-    encode_segment(text.substr(seg_start, s - seg_start), seg_start, out, md.get(), track);
+    segment(seg_start, s - seg_start);
     out.push_back(hit->id);
     if (track) track->starts->push_back(uint32_t(i));
     seg_start = i = e;
   }
-  encode_segment(text.substr(seg_start), seg_start, out, md.get(), track);
+  segment(seg_start, text.size() - seg_start);
+}
+
+// tokenizers' decode for a SentencePiece-style file: the strings of the ids (special ones dropped
+// first when asked), each decoder step over the whole list in order, then concatenation.
+std::string Tokenizer::Impl::decode_sp(std::span<const int32_t> ids, bool skip_special) const {
+  std::vector<std::string> toks;
+  toks.reserve(ids.size());
+  for (int32_t id : ids)
+    if (!skip_special || !(id_flags[size_t(id)] & 4)) toks.push_back(id_to_token[size_t(id)]);
+  if (!has_decoder) {  // tokenizers joins the token strings with spaces
+    std::string s;
+    for (size_t i = 0; i < toks.size(); ++i) s += (i ? " " : "") + toks[i];
+    return s;
+  }
+  auto first_char = [](std::string_view s, size_t i, size_t* len) {
+    utf8proc_int32_t cp = 0;
+    const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
+                                    utf8proc_ssize_t(s.size() - i), &cp);
+    *len = n > 0 ? size_t(n) : 1;
+    return char32_t(cp);
+  };
+  for (const DecodeStep& step : decoder) {
+    switch (step.kind) {
+      case DecodeStep::Kind::replace:
+        for (auto& t : toks) t = replace_all(t, step.from, step.to);
+        break;
+      case DecodeStep::Kind::byte_fallback: {
+        // A run of <0xNN> tokens becomes its bytes if they are valid UTF-8, else one U+FFFD per
+        // token (not per maximal subpart: tokenizers' ByteFallback).
+        std::vector<std::string> next;
+        std::string run;
+        size_t run_tokens = 0;
+        auto flush = [&] {
+          if (!run_tokens) return;
+          if (utf8_first_invalid(run) == std::string_view::npos) {
+            next.push_back(run);
+          } else {
+            for (size_t k = 0; k < run_tokens; ++k) next.emplace_back("\xEF\xBF\xBD");
+          }
+          run.clear();
+          run_tokens = 0;
+        };
+        for (auto& t : toks) {
+          unsigned v = 0;
+          if (t.size() == 6 && t.starts_with("<0x") && t.back() == '>' &&
+              std::isxdigit(uint8_t(t[3])) && std::isxdigit(uint8_t(t[4])) &&
+              std::sscanf(t.c_str() + 3, "%2x", &v) == 1) {
+            run.push_back(char(v));
+            ++run_tokens;
+          } else {
+            flush();
+            next.push_back(std::move(t));
+          }
+        }
+        flush();
+        toks.swap(next);
+        break;
+      }
+      case DecodeStep::Kind::fuse: {
+        std::string all;
+        for (const auto& t : toks) all += t;
+        toks.assign(1, std::move(all));
+        break;
+      }
+      case DecodeStep::Kind::strip:
+        for (auto& t : toks) {
+          size_t b = 0, len = 0;
+          for (size_t k = 0; k < step.start && b < t.size(); ++k) {
+            if (first_char(t, b, &len) != step.strip_char) break;
+            b += len;
+          }
+          size_t e = t.size();
+          for (size_t k = 0; k < step.stop && e > b; ++k) {
+            size_t start = e - 1;  // back up to the last character's lead byte
+            while (start > b && (uint8_t(t[start]) & 0xC0) == 0x80) --start;
+            if (first_char(t, start, &len) != step.strip_char) break;
+            e = start;
+          }
+          t = t.substr(b, e - b);
+        }
+        break;
+      case DecodeStep::Kind::metaspace:
+        // Every replacement character becomes a space, except in the first string, where
+        // (unless prepend_scheme is "never") all of them are dropped.
+        for (size_t i = 0; i < toks.size(); ++i)
+          toks[i] = replace_all(toks[i], step.from, i == 0 && step.metaspace_prepends ? "" : " ");
+        break;
+    }
+  }
+  std::string s;
+  for (const auto& t : toks) s += t;
+  return s;
 }
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -758,11 +1248,13 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) const {
-  std::string bytes;
-  for (int32_t id : ids) {
+  for (int32_t id : ids)
     if (id < 0 || id >= impl_->vocab_size || !(impl_->id_flags[size_t(id)] & 1))
       throw UserError("token id " + std::to_string(id) + " is not in the vocabulary of " +
                       impl_->origin + " (ids 0.." + std::to_string(impl_->vocab_size - 1) + ")");
+  if (impl_->sentencepiece) return impl_->decode_sp(ids, skip_special);
+  std::string bytes;
+  for (int32_t id : ids) {
     if (skip_special && (impl_->id_flags[size_t(id)] & 4)) continue;
     bytes += impl_->id_to_bytes[size_t(id)];
   }

@@ -1,11 +1,24 @@
-// Byte-level BPE tokenizer read from a Hugging Face tokenizer.json (Qwen2/2.5/3, Llama 3), giving
-// the same ids as the `tokenizers` library. The pipeline (docs/formats.md 5.1):
+// BPE tokenizer read from a Hugging Face tokenizer.json, giving the same ids as the `tokenizers`
+// library, in two families (docs/formats.md 5.1 and 5.4):
+//
+// Byte-level BPE (Qwen2/2.5/3, Llama 3):
 //   1. added tokens (<|im_start|>, <think>, ...) are cut out of the raw text first, leftmost-longest;
 //   2. each remaining segment is NFC-normalised (utf8proc) when the file asks for it;
 //   3. the Split pre-tokenizer regex, read from the file, cuts it into pieces (PCRE2, UTF + UCP, JIT);
 //   4. each piece's bytes become symbols of the 256-symbol byte alphabet;
 //   5. BPE merges the adjacent pair of lowest rank (leftmost on ties) until none applies;
 //      with `ignore_merges` a piece that is whole in the vocabulary is emitted directly.
+//
+// SentencePiece-style BPE with byte fallback (Mistral v0.1-v0.3, Llama 2):
+//   1. added tokens are cut out as above;
+//   2. each segment goes through the normalizer's Prepend("▁") / Replace(" ", "▁") steps (the
+//      legacy Llama form) or the Metaspace pre-tokenizer (spaces become "▁", and "▁" is
+//      prepended to the first segment, every segment or none, per prepend_scheme; the segment
+//      is split before each "▁" or not);
+//   3. each piece starts as its characters' vocabulary ids; a character that is not in the
+//      vocabulary becomes its UTF-8 bytes' <0xNN> tokens (byte_fallback), else <unk>;
+//   4. the same merge loop as above; decoding runs the file's decoder steps (Replace,
+//      ByteFallback, Fuse, Strip, Metaspace) over the token strings.
 // Results per piece are cached, so common words cost one hash lookup.
 //
 // tokenizer_config.json beside tokenizer.json supplies bos/eos/pad tokens and the chat template.
@@ -69,9 +82,9 @@ class Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
 
   // Id of a token given by its text: an added token's content or a vocabulary entry (in the
-  // byte-mapped alphabet, e.g. "Ġthe"). nullopt if there is none.
+  // vocabulary's alphabet: byte-mapped "Ġthe", or SentencePiece's "▁the"). nullopt if none.
   std::optional<int32_t> token_id(std::string_view token) const;
-  // The token's text as stored (added token content, or vocab string in the mapped alphabet).
+  // The token's text as stored (added token content, or vocab string in its alphabet).
   const std::string& token_text(int32_t id) const;
   // One more than the largest id used (model vocab and added tokens). The model's embedding may
   // have more rows (Qwen3: 151669 used, 151936 rows).

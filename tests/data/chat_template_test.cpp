@@ -76,6 +76,57 @@ TEST(ChatTemplateFixture, Llama3RendersLikeTransformers) {
   EXPECT_GE(checked, 20);
 }
 
+// Mistral Instruct v0.1/v0.2 ("v1") and v0.3 ("v3") templates: renders and their ids equal
+// transformers' apply_chat_template and tokenizers on the same files; the template's errors
+// (roles that do not alternate, tool messages) are UserErrors here.
+void expect_mistral_renders(const std::string& name, const std::string& family) {
+  const Tokenizer& tok = real_tokenizer(name);
+  const auto tmpl = ChatTemplate::detect(tok.config());
+  ASSERT_EQ(tmpl.name(), family);
+  const json fx = json::parse(read_text(fixture_dir() / ("chat_" + name + ".json")));
+  int rendered = 0, refused = 0;
+  for (const auto& c : fx.at("cases")) {
+    ChatRenderOptions o;
+    o.add_generation_prompt = c.at("add_generation_prompt");
+    const auto msgs = messages_of(c.at("messages"));
+    if (c.at("text").is_null()) {
+      EXPECT_THROW(tmpl.render(msgs, o, *tok.config().bos_token), UserError) << c.at("name");
+      ++refused;
+      continue;
+    }
+    const std::string text = tmpl.render_text(msgs, o, *tok.config().bos_token);
+    EXPECT_EQ(text, c.at("text").get<std::string>()) << c.at("name");
+    EXPECT_EQ(tok.encode(text), c.at("ids").get<std::vector<int32_t>>()) << c.at("name");
+    ++rendered;
+  }
+  EXPECT_GE(rendered, 18);
+  EXPECT_GE(refused, 4);
+}
+
+TEST(ChatTemplateFixture, MistralV1RendersLikeTransformers) {
+  expect_mistral_renders("mistral-v0.1", "mistral");
+}
+TEST(ChatTemplateFixture, MistralV3RendersLikeTransformers) {
+  expect_mistral_renders("mistral-v0.3", "mistral-v3");
+}
+
+TEST(ChatTemplateMask, MistralTrainsOnAnswersWithTheirSpace) {
+  const std::vector<ChatMessage> m = {{"system", "Be brief.", {}}, {"user", "Q1", {}},
+                                      {"assistant", "A1 ", {}}, {"user", "Q2", {}},
+                                      {"assistant", "A2", {}}};
+  const auto v1 = ChatTemplate::by_name("mistral").render(m, {}, "<s>");
+  EXPECT_EQ(trainable_text(v1), " A1 </s> A2</s>");
+  const auto v3 = ChatTemplate::by_name("mistral-v0.3").render(m, {}, "<s>");
+  EXPECT_EQ(trainable_text(v3), " A1</s> A2</s>");
+  // v3 puts the system message before the last message only when that is a user message.
+  std::string text;
+  for (const auto& s : v3) text += s.text;
+  EXPECT_EQ(text.find("Be brief."), std::string::npos);
+  EXPECT_EQ(ChatTemplate::by_name("mistral-v3").render_text(std::span(m).first(4), {}, "<s>"),
+            "<s>[INST] Q1[/INST] A1</s>[INST] Be brief.\n\nQ2[/INST]");
+  EXPECT_EQ(ChatTemplate::by_name("mistral").turn_end(), "</s>");
+}
+
 TEST(ChatTemplateMask, Qwen3TrainsOnAnswersOnly) {
   const auto t = ChatTemplate::by_name("qwen3");
   std::vector<ChatMessage> m = {{"user", "Q1", {}}, {"assistant", "A1", {}},

@@ -103,6 +103,49 @@ TEST(DatasetFormats, Llama3ConversationUsesItsTemplate) {
   EXPECT_EQ(tok.decode(with_loss(ex)), "Hello!<|eot_id|>");
 }
 
+// Mistral (add_bos_token true): text and prompt/completion start with <s> as transformers'
+// tokenizer(text) gives them; a conversation has the template's <s> once; answers keep their
+// leading space in the first trainable token.
+TEST(DatasetFormats, MistralAddsBosAndMasksItsTemplate) {
+  const Tokenizer& tok = real_tokenizer("mistral-v0.3");
+  const std::string data =
+      json({{"text", "Hello world"}}).dump() + "\n" +
+      json({{"prompt", "Q:"}, {"completion", " A"}}).dump() + "\n" +
+      json({{"messages", {{{"role", "user"}, {"content", "Capital of France?"}},
+                          {{"role", "assistant"}, {"content", "Paris."}}}}})
+          .dump() +
+      "\n";
+  auto split = Dataset::load(write_file("mistral.jsonl", data), tok, {});
+  const auto text = split.train.example(0);
+  EXPECT_EQ(text.input_ids.front(), 1);
+  EXPECT_EQ(std::vector<int32_t>(text.input_ids.begin() + 1, text.input_ids.end() - 1),
+            tok.encode("Hello world"));
+  EXPECT_EQ(text.input_ids.back(), 2);  // add_eos
+  const auto pc = split.train.example(1);
+  EXPECT_EQ(pc.input_ids.front(), 1);
+  EXPECT_EQ(pc.labels.front(), kIgnoreLabel);
+  EXPECT_EQ(tok.decode(with_loss(pc)), "A</s>");
+  const auto chat = split.train.example(2);
+  EXPECT_EQ(chat.input_ids.front(), 1);
+  EXPECT_EQ(std::count(chat.input_ids.begin(), chat.input_ids.end(), 1), 1);
+  EXPECT_EQ(chat.input_ids[1], 3);  // [INST]
+  EXPECT_EQ(tok.decode(with_loss(chat)), "Paris.</s>");
+  EXPECT_EQ(tok.token_text(with_loss(chat).front()), "\xE2\x96\x81Paris");
+  // Conversations the template refuses are bad lines, with file:line.
+  const std::string two_users =
+      json({{"messages", {{{"role", "user"}, {"content", "a"}}, {{"role", "user"}, {"content", "b"}},
+                          {{"role", "assistant"}, {"content", "c"}}}}})
+          .dump() +
+      "\n";
+  try {
+    Dataset::load(write_file("mistral_bad.jsonl", data + two_users), tok, {});
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("mistral_bad.jsonl:4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("alternate"), std::string::npos) << e.what();
+  }
+}
+
 // Loads `content` expecting a UserError whose message holds every one of `needles`.
 void expect_error(const std::string& content, std::vector<std::string> needles,
                   DatasetOptions o = {}) {
