@@ -207,6 +207,7 @@ class Run {
   double evaluate();
   void save(bool final_adapter);
   void save_unguarded(bool final_adapter);
+  [[noreturn]] void stop_on_output_error(const OutputError& e);
   void log_step(double loss, double grad_norm, double lr);
   double reduce_step(float inv_n);
   bool agree_to_stop();
@@ -379,13 +380,17 @@ void Run::save(bool final_adapter) {
   try {
     save_unguarded(final_adapter);
   } catch (const OutputError& e) {
-    // Disk full and the like: say what is still good and how to go on (exit 3, cli/main.cpp).
-    const auto all = list_checkpoints(c_.out);
-    if (tty_) std::fprintf(stderr, "\r\033[K");
-    throw OutputError(std::string(e.what()) + "; training stopped at step " + std::to_string(st_.step) +
-                      ". The last good checkpoint is " + (all.empty() ? std::string("none") : all.back().string()) +
-                      "; make room (or fix --out) and continue with forja train --resume " + c_.out.string());
+    stop_on_output_error(e);
   }
+}
+
+// Disk full and the like: say what is still good and how to go on (exit 3, cli/main.cpp).
+void Run::stop_on_output_error(const OutputError& e) {
+  const auto all = list_checkpoints(c_.out);
+  if (tty_) std::fprintf(stderr, "\r\033[K");
+  throw OutputError(std::string(e.what()) + "; training stopped at step " + std::to_string(st_.step) +
+                    ". The last good checkpoint is " + (all.empty() ? std::string("none") : all.back().string()) +
+                    "; make room (or fix --out) and continue with forja train --resume " + c_.out.string());
 }
 
 void Run::save_unguarded(bool final_adapter) {
@@ -496,9 +501,13 @@ void Run::check_step_shape(const fs::path& checkpoint) const {
 void Run::report(const char* state) {
   if (!world_.is_root()) return;
   const gpu::DeviceInfo& d = ctx_->info();
-  write_run_status(c_.out, {d.name, d.type_name(), d.driver_name + " " + d.driver_info, state, st_.step,
-                            st_.total_steps});
-  update_run_report(c_.out);
+  try {
+    write_run_status(c_.out, {d.name, d.type_name(), d.driver_name + " " + d.driver_info, state, st_.step,
+                              st_.total_steps});
+    update_run_report(c_.out);
+  } catch (const OutputError& e) {
+    stop_on_output_error(e);
+  }
   if (std::string_view(state) != "running")
     std::printf("report written to %s\n", (c_.out / "report.html").string().c_str());
 }

@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "support/cli_runner.h"
+#include "support/example_run.h"
 #include "train/example.h"
 
 namespace forja::train {
@@ -44,25 +45,10 @@ std::string read_text(const fs::path& p) {
   return s.str();
 }
 
-struct Setup {
-  fs::path dir, model, data;
-};
+using Setup = forja::test::ExampleFiles;
 const Setup& setup() {
-  static const Setup s = [] {
-    Setup x;
-    x.dir = fs::temp_directory_path() / ("forja_report_cli_" + std::to_string(::getpid()));
-    fs::remove_all(x.dir);
-    x.model = x.dir / "model";
-    x.data = x.dir / "chat.jsonl";
-    ExampleModelShape shape;
-    shape.hidden = 64;
-    shape.intermediate = 128;
-    shape.head_dim = 16;
-    write_example_model(x.model, 3, shape);
-    write_example_data(x.data);
-    return x;
-  }();
-  return s;
+  static const Setup files = forja::test::make_example_files("report_cli", 3);
+  return files;
 }
 
 // A short run with evaluation and checkpoints; every step logged.

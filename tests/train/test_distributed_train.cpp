@@ -15,6 +15,7 @@
 
 #include "io/safetensors.h"
 #include "support/cli_runner.h"
+#include "support/example_run.h"
 #include "train/example.h"
 
 namespace forja::train {
@@ -39,25 +40,10 @@ const std::string kMpiexec;
     }                                                                                          \
   } while (0)
 
-struct Example {
-  fs::path dir, model, data;
-};
+using Example = forja::test::ExampleFiles;
 const Example& example() {
-  static const Example e = [] {
-    Example x;
-    x.dir = fs::temp_directory_path() / ("forja_distributed_" + std::to_string(::getpid()));
-    fs::remove_all(x.dir);
-    x.model = x.dir / "model";
-    x.data = x.dir / "chat.jsonl";
-    ExampleModelShape shape;
-    shape.hidden = 64;
-    shape.intermediate = 128;
-    shape.head_dim = 16;
-    write_example_model(x.model, 2, shape);
-    write_example_data(x.data);
-    return x;
-  }();
-  return e;
+  static const Example files = forja::test::make_example_files("distributed", 2);
+  return files;
 }
 
 // Open MPI's variables: root is allowed (CI runs as root), more ranks than cores, and no
@@ -82,16 +68,7 @@ std::string train_args(const fs::path& out, int grad_accum, int steps = 4) {
          " --log-every 1 --lora-rank 4 --lora-dropout 0.1 --precision fp32";
 }
 
-std::map<int64_t, double> losses(const fs::path& out) {
-  std::map<int64_t, double> m;
-  std::ifstream f(out / "metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) m[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
-  }
-  return m;
-}
+std::map<int64_t, double> losses(const fs::path& out) { return forja::test::logged_losses(out); }
 
 void expect_losses_near(const std::map<int64_t, double>& got, const std::map<int64_t, double>& want, double rel,
                         const std::string& context) {

@@ -17,6 +17,7 @@
 #include "io/checksums.h"
 #include "io/run_lock.h"
 #include "support/cli_runner.h"
+#include "support/example_run.h"
 #include "train/example.h"
 
 namespace forja::train {
@@ -24,25 +25,10 @@ namespace {
 namespace fs = std::filesystem;
 using forja::test::program;
 
-struct Example {
-  fs::path dir, model, data;
-};
+using Example = forja::test::ExampleFiles;
 const Example& example() {
-  static const Example e = [] {
-    Example x;
-    x.dir = fs::temp_directory_path() / ("forja_run_safety_" + std::to_string(::getpid()));
-    fs::remove_all(x.dir);
-    x.model = x.dir / "model";
-    x.data = x.dir / "chat.jsonl";
-    ExampleModelShape shape;
-    shape.hidden = 64;
-    shape.intermediate = 128;
-    shape.head_dim = 16;
-    write_example_model(x.model, 2, shape);
-    write_example_data(x.data);
-    return x;
-  }();
-  return e;
+  static const Example files = forja::test::make_example_files("run_safety", 2);
+  return files;
 }
 
 forja::test::ShellResult forja_cmd(const std::string& args, const std::string& prefix = "") {
@@ -55,16 +41,7 @@ std::string train_args(const fs::path& out, int steps = 6) {
          " --lr 3e-3 --warmup-steps 1 --save-every 2 --keep-checkpoints 0 --log-every 1 --lora-rank 4";
 }
 
-std::map<int64_t, double> losses(const fs::path& out) {
-  std::map<int64_t, double> m;
-  std::ifstream f(out / "metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) m[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
-  }
-  return m;
-}
+std::map<int64_t, double> losses(const fs::path& out) { return forja::test::logged_losses(out); }
 
 bool has_partial(const fs::path& out) {
   for (const auto& e : fs::directory_iterator(out))

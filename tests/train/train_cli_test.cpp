@@ -12,6 +12,7 @@
 #include "io/safetensors.h"
 #include "train/example.h"
 #include "support/cli_runner.h"
+#include "support/example_run.h"
 
 namespace forja::train {
 namespace {
@@ -35,25 +36,10 @@ Result run(const std::string& args, const std::string& env = "") {
 }
 
 // The example model and data, made once per test process.
-struct Example {
-  fs::path dir, model, data;
-};
+using Example = forja::test::ExampleFiles;
 const Example& example() {
-  static const Example e = [] {
-    Example x;
-    x.dir = fs::temp_directory_path() / ("forja_train_cli_" + std::to_string(::getpid()));
-    fs::remove_all(x.dir);
-    x.model = x.dir / "model";
-    x.data = x.dir / "chat.jsonl";
-    ExampleModelShape shape;
-    shape.hidden = 64;
-    shape.intermediate = 128;
-    shape.head_dim = 16;
-    write_example_model(x.model, 3, shape);
-    write_example_data(x.data);
-    return x;
-  }();
-  return e;
+  static const Example files = forja::test::make_example_files("train_cli", 3);
+  return files;
 }
 
 std::string base_args(const fs::path& out) {
@@ -63,17 +49,7 @@ std::string base_args(const fs::path& out) {
          " --save-every 3 --keep-checkpoints 2 --log-every 1 --lora-rank 8";
 }
 
-// step -> loss from metrics.jsonl (training rows only)
-std::map<int64_t, double> losses(const fs::path& out) {
-  std::map<int64_t, double> m;
-  std::ifstream f(out / "metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    const auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) m[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
-  }
-  return m;
-}
+std::map<int64_t, double> losses(const fs::path& out) { return forja::test::logged_losses(out); }
 
 TEST(TrainCli, TrainsWritesOutputsAndResumesExactlyAfterKills) {
   if (!fs::exists(program())) GTEST_SKIP() << program() << " not built";
