@@ -206,18 +206,20 @@ forja::cli::CommandRegistration reg{"bench-gemm", 81, [](CLI::App& app) {
           variants.push_back({name + " t128", DType::f16, GemmKernel::scalar_t128, tb, nf4, true});
         }
       }
-    if (forja::ops::gemm_kernel_for(*ctx, DType::f16) == GemmKernel::coopmat) {
-      variants.push_back({"coopmat f16 NT", DType::f16, GemmKernel::coopmat, true});
-      variants.push_back({"coopmat f16 NN", DType::f16, GemmKernel::coopmat, false});
-      // fp32 A rounded while staged (gemm_nvcm_af32): mixed precision's activations.
-      variants.push_back({"coopmat mixed NT", DType::f16, GemmKernel::coopmat, true, false, true});
-      variants.push_back({"coopmat mixed NN", DType::f16, GemmKernel::coopmat, false, false, true});
+    // Every matrix-core family the device offers, fp16 and mixed (fp32 A rounded on load).
+    for (GemmKernel k : {GemmKernel::nv_coopmat2, GemmKernel::khr_coopmat, GemmKernel::coopmat}) {
+      if (!forja::ops::gemm_kernel_available(*ctx, k)) continue;
+      const std::string family = forja::ops::gemm_kernel_name(k);
+      variants.push_back({family + " f16 NT", DType::f16, k, true});
+      variants.push_back({family + " f16 NN", DType::f16, k, false});
+      variants.push_back({family + " mixed NT", DType::f16, k, true, false, true});
+      variants.push_back({family + " mixed NN", DType::f16, k, false, false, true});
     }
     std::printf("forja bench gemm on %s: C[M,N] fp32 = A[M,K] * op(B), NT: B stored [N,K] (y = x W^T), "
                 "NN: B stored [K,N] (dx = dy W); nf4: B an NF4 weight, A fp32; mixed: A fp32 rounded to fp16 on load, "
                 "B fp16 (nf4: decoded and rounded)\n",
                 ctx->info().name.c_str());
-    std::printf("%-18s %-16s %-21s %10s %10s %10s %6s\n", "MxNxK", "shape", "variant", "ms", "TFLOP/s", "GFLOP/s",
+    std::printf("%-18s %-16s %-24s %10s %10s %10s %6s\n", "MxNxK", "shape", "variant", "ms", "TFLOP/s", "GFLOP/s",
                 "check");
     for (const auto& s : sizes)
       for (const auto& v : variants) {
@@ -227,7 +229,7 @@ forja::cli::CommandRegistration reg{"bench-gemm", 81, [](CLI::App& app) {
         const double tf = 2.0 * s.m * s.n * s.k / seconds / 1e12;
         char dims[64];
         std::snprintf(dims, sizeof dims, "%ux%ux%u", s.m, s.n, s.k);
-        std::printf("%-18s %-16s %-21s %10.3f %10.2f %10.2f %6s\n", dims, s.label.c_str(), v.name.c_str(),
+        std::printf("%-18s %-16s %-24s %10.3f %10.2f %10.2f %6s\n", dims, s.label.c_str(), v.name.c_str(),
                     seconds * 1e3, tf, tf * 1e3, ok ? "ok" : "WRONG");
         std::fflush(stdout);
         if (!ok) return 1;

@@ -33,7 +33,7 @@ namespace {
 using namespace forja;
 
 struct BenchOptions {
-  std::string shape, quant = "nf4", precision = "fp32", checkpointing = "on";
+  std::string shape, quant = "nf4", precision = "auto", checkpointing = "on";
   int64_t batch = 0, seq_len = 0, lora_rank = 16, steps = 10, warmup = 2;
   double peak_tflops = 0;
   bool json = false;
@@ -95,7 +95,7 @@ void check_options(const BenchOptions& o, const model::ModelConfig& c, const gpu
                     std::to_string(max_seq));
 }
 
-int run_bench(const BenchOptions& o) {
+int run_bench(BenchOptions o) {
   const model::ModelConfig c = model::bench_shape_config(o.shape);  // UserError listing the shapes
   check_options(o, c, nullptr);
   auto ctx = gpu::Context::create(o.device, o.json);
@@ -108,7 +108,8 @@ int run_bench(const BenchOptions& o) {
   model::BaseWeightOptions bo;
   bo.quant = nf4 ? model::BaseQuant::nf4 : model::BaseQuant::none;
   bo.double_quant = true;
-  const model::Precision precision = model::parse_precision(o.precision);
+  const model::Precision precision = model::resolve_precision(o.precision, *ctx);
+  o.precision = model::precision_name(precision);  // what ran, for the report and the JSON line
   bo.dense_dtype = model::dense_dtype_for(precision);
 
   model::TrainingSettings plan_settings;
@@ -252,7 +253,8 @@ forja::cli::CommandRegistration reg{"bench", 80, [](CLI::App& app) {
   auto* seq = cmd->add_option("--seq-len", o->seq_len, "Tokens per sequence");
   cmd->add_option("--quant", o->quant, "Base projection weights: nf4 (QLoRA) or none (fp32)")
       ->check(CLI::IsMember({"nf4", "none"}));
-  cmd->add_option("--precision", o->precision, "fp32 or mixed")->check(CLI::IsMember({"fp32", "mixed"}));
+  cmd->add_option("--precision", o->precision, "fp32, mixed or auto (mixed where matrix cores exist)")
+      ->check(CLI::IsMember({"auto", "fp32", "mixed"}));
   cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank on all seven projections");
   cmd->add_option("--grad-checkpointing", o->checkpointing, "Activation checkpointing: on or off")
       ->check(CLI::IsMember({"on", "off"}));

@@ -10,23 +10,51 @@
 #include "gpu/vk_check.h"
 #include "util/error.h"
 
-// Debian 12's headers predate VK_KHR_cooperative_matrix; its property query is declared here
-// so the probe can report KHR shapes on newer drivers. Values from the Vulkan registry.
-#ifndef VK_KHR_cooperative_matrix
-#define FORJA_KHR_COOPMAT_LOCAL 1
+// Debian 12's headers (1.3.239) predate VK_KHR_cooperative_matrix and VK_NV_cooperative_matrix2;
+// their structures and queries are declared here. Values from the Vulkan registry (vk.xml).
 namespace {
+constexpr VkStructureType kStructureTypeCoopMatFeaturesKHR = static_cast<VkStructureType>(1000506000);
 constexpr VkStructureType kStructureTypeCoopMatPropsKHR = static_cast<VkStructureType>(1000506001);
+constexpr VkStructureType kStructureTypeCoopMat2FeaturesNV = static_cast<VkStructureType>(1000593000);
+constexpr VkStructureType kStructureTypeCoopMatFlexPropsNV = static_cast<VkStructureType>(1000593001);
+constexpr VkStructureType kStructureTypeCoopMat2PropsNV = static_cast<VkStructureType>(1000593002);
+constexpr uint32_t kScopeSubgroup = 3, kScopeWorkgroup = 2;  // VkScopeKHR
+struct CoopMatFeaturesKHR {
+  VkStructureType sType;
+  void* pNext;
+  VkBool32 cooperativeMatrix, cooperativeMatrixRobustBufferAccess;
+};
 struct CoopMatPropsKHR {
   VkStructureType sType;
   void* pNext;
   uint32_t MSize, NSize, KSize;
   VkComponentTypeNV AType, BType, CType, ResultType;
   VkBool32 saturatingAccumulation;
-  VkScopeNV scope;
+  uint32_t scope;
+};
+struct CoopMat2FeaturesNV {
+  VkStructureType sType;
+  void* pNext;
+  VkBool32 workgroupScope, flexibleDimensions, reductions, conversions, perElementOperations, tensorAddressing,
+      blockLoads;
+};
+struct CoopMat2PropsNV {
+  VkStructureType sType;
+  void* pNext;
+  uint32_t workgroupScopeMaxWorkgroupSize, flexibleDimensionsMaxDimension, workgroupScopeReservedSharedMemory;
+};
+struct CoopMatFlexPropsNV {
+  VkStructureType sType;
+  void* pNext;
+  uint32_t MGranularity, NGranularity, KGranularity;
+  VkComponentTypeNV AType, BType, CType, ResultType;
+  VkBool32 saturatingAccumulation;
+  uint32_t scope;
+  uint32_t workgroupInvocations;
 };
 using PFN_GetCoopMatPropsKHR = VkResult(VKAPI_PTR*)(VkPhysicalDevice, uint32_t*, CoopMatPropsKHR*);
+using PFN_GetCoopMatFlexPropsNV = VkResult(VKAPI_PTR*)(VkPhysicalDevice, uint32_t*, CoopMatFlexPropsNV*);
 }  // namespace
-#endif
 
 namespace forja::gpu {
 
@@ -90,7 +118,9 @@ const char* component_name(VkComponentTypeNV t) {
     case VK_COMPONENT_TYPE_SINT32_NV: return "s32";
     case VK_COMPONENT_TYPE_UINT8_NV: return "u8";
     case VK_COMPONENT_TYPE_UINT32_NV: return "u32";
-    default: return "other";
+    default:
+      // VK_COMPONENT_TYPE_BFLOAT16_KHR, newer than Debian 12's headers
+      return static_cast<uint32_t>(t) == 1000141000u ? "bf16" : "other";
   }
 }
 
@@ -174,6 +204,7 @@ DeviceInfo probe(VkInstance instance, VkPhysicalDevice pd, uint32_t index) {
   d.shader_int64 = feats.features.shaderInt64;
   d.vulkan_memory_model = f12.vulkanMemoryModel;
   d.subgroup_size_control = fsg.subgroupSizeControl;
+  d.compute_full_subgroups = fsg.computeFullSubgroups;
   d.push_descriptor = has_extension(exts, VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
   d.memory_budget_ext = has_extension(exts, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
 
@@ -196,11 +227,14 @@ DeviceInfo probe(VkInstance instance, VkPhysicalDevice pd, uint32_t index) {
       }
     }
   }
-  if (has_extension(exts, "VK_KHR_cooperative_matrix")) {
-#ifdef FORJA_KHR_COOPMAT_LOCAL
+  const bool api13 = VK_API_VERSION_MINOR(d.api_version) >= 3 || VK_API_VERSION_MAJOR(d.api_version) > 1;
+  if (api13 && has_extension(exts, "VK_KHR_cooperative_matrix")) {
+    CoopMatFeaturesKHR fk{kStructureTypeCoopMatFeaturesKHR, nullptr, VK_FALSE, VK_FALSE};
+    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &fk};
+    vkGetPhysicalDeviceFeatures2(pd, &f2);
     auto fn = reinterpret_cast<PFN_GetCoopMatPropsKHR>(
         vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"));
-    if (fn) {
+    if (fn && fk.cooperativeMatrix) {
       uint32_t n = 0;
       fn(pd, &n, nullptr);
       std::vector<CoopMatPropsKHR> shapes(n);
@@ -210,11 +244,38 @@ DeviceInfo probe(VkInstance instance, VkPhysicalDevice pd, uint32_t index) {
       for (const auto& s : shapes)
         d.khr_coopmat_shapes.push_back({s.MSize, s.NSize, s.KSize, component_name(s.AType),
                                         component_name(s.BType), component_name(s.CType),
-                                        component_name(s.ResultType), s.scope == VK_SCOPE_SUBGROUP_NV});
+                                        component_name(s.ResultType), s.scope == kScopeSubgroup});
     }
-#else
-    d.khr_coopmat = true;
-#endif
+  }
+  if (d.khr_coopmat) d.khr_fragment = choose_khr_fragment(d.khr_coopmat_shapes, d.subgroup_size);
+  if (d.khr_coopmat && has_extension(exts, "VK_NV_cooperative_matrix2")) {
+    CoopMat2FeaturesNV f{kStructureTypeCoopMat2FeaturesNV};
+    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &f};
+    vkGetPhysicalDeviceFeatures2(pd, &f2);
+    CoopMat2PropsNV p{kStructureTypeCoopMat2PropsNV};
+    VkPhysicalDeviceProperties2 p2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, &p};
+    vkGetPhysicalDeviceProperties2(pd, &p2);
+    auto fn = reinterpret_cast<PFN_GetCoopMatFlexPropsNV>(
+        vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV"));
+    // forja's kernels need workgroup-scope matrices of flexible size, tensor addressing and
+    // conversions (fp32 A to fp16).
+    if (fn && f.workgroupScope && f.flexibleDimensions && f.tensorAddressing && f.conversions) {
+      d.nv_coopmat2 = true;
+      d.nv_coopmat2_max_workgroup = p.workgroupScopeMaxWorkgroupSize;
+      d.nv_coopmat2_max_dimension = p.flexibleDimensionsMaxDimension;
+      uint32_t n = 0;
+      fn(pd, &n, nullptr);
+      std::vector<CoopMatFlexPropsNV> flex(n);
+      for (auto& e : flex) e = CoopMatFlexPropsNV{kStructureTypeCoopMatFlexPropsNV, nullptr};
+      fn(pd, &n, flex.data());
+      for (const auto& e : flex) {
+        if (e.scope != kScopeWorkgroup) continue;
+        d.nv_coopmat2_workgroup_shapes.push_back({e.MGranularity, e.NGranularity, e.KGranularity,
+                                                  component_name(e.AType), component_name(e.BType),
+                                                  component_name(e.CType), component_name(e.ResultType), false,
+                                                  e.workgroupInvocations});
+      }
+    }
   }
   // A coopmat kernel written for subgroups of 32 only runs where that is the subgroup size.
   if (d.subgroup_size != 32) d.nv_coopmat_f16_f32_16x16x16 = false;
@@ -248,6 +309,22 @@ std::string bytes_string(uint64_t b) {
 }
 
 }  // namespace
+
+KhrFragment choose_khr_fragment(const std::vector<CoopMatShape>& shapes, uint32_t subgroup_size) {
+  KhrFragment best;
+  auto volume = [](const KhrFragment& f) { return uint64_t(f.m) * f.n * f.k; };
+  for (const CoopMatShape& s : shapes) {
+    if (!s.subgroup_scope || s.a_type != "f16" || s.b_type != "f16" || s.c_type != "f32" || s.result_type != "f32")
+      continue;
+    auto side_ok = [](uint32_t x) { return x == 8 || x == 16 || x == 32; };  // divides the kernels' tiles
+    if (!side_ok(s.m) || !side_ok(s.n) || !side_ok(s.k) || subgroup_size == 0 || (s.m * s.n) % subgroup_size)
+      continue;
+    const KhrFragment f{s.m, s.n, s.k, subgroup_size};
+    const bool square16 = f.m == 16 && f.n == 16 && f.k == 16;
+    if (best.m == 0 || volume(f) > volume(best) || (volume(f) == volume(best) && square16)) best = f;
+  }
+  return best;
+}
 
 std::string DeviceInfo::type_name() const {
   switch (type) {
@@ -298,6 +375,17 @@ std::string DeviceInfo::describe() const {
   };
   shapes("NV", nv_coopmat, nv_coopmat_shapes);
   shapes("KHR", khr_coopmat, khr_coopmat_shapes);
+  os << "  NV cooperative matrix 2: ";
+  if (!nv_coopmat2) {
+    os << "no\n";
+  } else {
+    os << "workgroup scope up to " << nv_coopmat2_max_workgroup << " invocations, dimensions up to "
+       << nv_coopmat2_max_dimension << "; ";
+    for (const auto& s : nv_coopmat2_workgroup_shapes)
+      os << "[" << s.m << "x" << s.n << "x" << s.k << " " << s.a_type << "*" << s.b_type << "+" << s.c_type << "->"
+         << s.result_type << " @" << s.workgroup_invocations << "] ";
+    os << "\n";
+  }
   return os.str();
 }
 
@@ -306,7 +394,9 @@ std::string DeviceInfo::describe() const {
 Instance::Instance(bool validation) {
   VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
   app.pApplicationName = "forja";
-  app.apiVersion = VK_API_VERSION_1_2;
+  // 1.3: the KHR / NV2 cooperative-matrix kernels are SPIR-V 1.6. The device's own version
+  // still bounds what is used (the other kernels are SPIR-V 1.5).
+  app.apiVersion = VK_API_VERSION_1_3;
 
   std::vector<const char*> layers, extensions;
   if (validation) {
@@ -466,6 +556,7 @@ Device::Device(std::shared_ptr<Instance> instance, uint32_t index)
   void** tail = &f12.pNext;
   if (info_.subgroup_size_control && VK_API_VERSION_MINOR(info_.api_version) >= 3) {
     fsg.subgroupSizeControl = VK_TRUE;
+    fsg.computeFullSubgroups = info_.compute_full_subgroups;
     *tail = &fsg;
     tail = &fsg.pNext;
   }
@@ -474,6 +565,19 @@ Device::Device(std::shared_ptr<Instance> instance, uint32_t index)
     fcm.cooperativeMatrix = VK_TRUE;
     *tail = &fcm;
     tail = &fcm.pNext;
+  }
+  CoopMatFeaturesKHR fkhr{kStructureTypeCoopMatFeaturesKHR, nullptr, VK_TRUE, VK_FALSE};
+  if (info_.khr_coopmat) {
+    exts.push_back("VK_KHR_cooperative_matrix");
+    *tail = &fkhr;
+    tail = &fkhr.pNext;
+  }
+  CoopMat2FeaturesNV fnv2{kStructureTypeCoopMat2FeaturesNV};
+  if (info_.nv_coopmat2) {
+    exts.push_back("VK_NV_cooperative_matrix2");
+    fnv2.workgroupScope = fnv2.flexibleDimensions = fnv2.tensorAddressing = fnv2.conversions = VK_TRUE;
+    *tail = &fnv2;
+    tail = &fnv2.pNext;
   }
 
   VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};

@@ -20,7 +20,17 @@ struct CoopMatShape {
   uint32_t m = 0, n = 0, k = 0;
   std::string a_type, b_type, c_type, result_type;
   bool subgroup_scope = false;
+  uint32_t workgroup_invocations = 0;  // NV2 workgroup-scope entries: the workgroup size it needs
 };
+
+// The fragment the KHR kernels use: fp16 x fp16 + fp32 -> fp32 at subgroup scope, every side 8,
+// 16 or 32 (the kernels stage 8 halves at a time and their tiles are multiples of 32) and the accumulator spread evenly over
+// the subgroup; the largest such shape, 16x16x16 first among equals. m == 0: none fits.
+struct KhrFragment {
+  uint32_t m = 0, n = 0, k = 0;
+  uint32_t subgroup_size = 0;
+};
+KhrFragment choose_khr_fragment(const std::vector<CoopMatShape>& shapes, uint32_t subgroup_size);
 
 struct MemoryHeapInfo {
   uint64_t size = 0;
@@ -47,6 +57,7 @@ struct DeviceInfo {
   bool push_descriptor = false;
   bool memory_budget_ext = false;
   bool subgroup_size_control = false;
+  bool compute_full_subgroups = false;
   // limits
   uint32_t subgroup_size = 0;
   uint32_t min_subgroup_size = 0, max_subgroup_size = 0;
@@ -70,6 +81,12 @@ struct DeviceInfo {
   std::vector<CoopMatShape> nv_coopmat_shapes, khr_coopmat_shapes;
   // Convenience: NV 16x16x16 fp16 x fp16 + fp32 -> fp32 at subgroup scope with subgroup 32.
   bool nv_coopmat_f16_f32_16x16x16 = false;
+  KhrFragment khr_fragment;
+  // VK_NV_cooperative_matrix2 with workgroup scope, flexible dimensions, tensor addressing and
+  // conversions (what kernels/gemm_cm2.comp needs), and its workgroup-scope entries.
+  bool nv_coopmat2 = false;
+  uint32_t nv_coopmat2_max_workgroup = 0, nv_coopmat2_max_dimension = 0;
+  std::vector<CoopMatShape> nv_coopmat2_workgroup_shapes;
 
   uint64_t device_local_bytes() const;
   std::string describe() const;  // multi-line report for `forja devices`

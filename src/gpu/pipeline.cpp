@@ -42,10 +42,11 @@ VkDescriptorSetLayout PipelineCache::set_layout(uint32_t bindings) {
 }
 
 const Pipeline& PipelineCache::get(const std::string& variant, uint32_t bindings, uint32_t push_bytes,
-                                   const std::vector<uint32_t>& spec) {
+                                   const std::vector<uint32_t>& spec, uint32_t subgroup_size) {
   std::lock_guard<std::mutex> lock(mutex_);
   std::string key = variant;
   for (uint32_t s : spec) key += "," + std::to_string(s);
+  if (subgroup_size) key += ";sg" + std::to_string(subgroup_size);
   auto it = pipelines_.find(key);
   if (it != pipelines_.end()) return *it->second;
 
@@ -86,6 +87,14 @@ const Pipeline& PipelineCache::get(const std::string& variant, uint32_t bindings
   ci.stage.pName = "main";
   ci.stage.pSpecializationInfo = spec.empty() ? nullptr : &si;
   ci.layout = p->layout;
+  const DeviceInfo& info = device_->info();
+  VkPipelineShaderStageRequiredSubgroupSizeCreateInfo required{
+      VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO};
+  if (subgroup_size && info.subgroup_size_control && info.min_subgroup_size != info.max_subgroup_size) {
+    required.requiredSubgroupSize = subgroup_size;
+    ci.stage.pNext = &required;
+    if (info.compute_full_subgroups) ci.stage.flags |= VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT;
+  }
   VK_CHECK(vkCreateComputePipelines(device_->handle(), VK_NULL_HANDLE, 1, &ci, nullptr, &p->pipeline));
   const Pipeline& ref = *p;
   pipelines_[key] = std::move(p);

@@ -31,9 +31,11 @@ class PipelineCache {
   PipelineCache& operator=(const PipelineCache&) = delete;
 
   // The pipeline of `variant` with specialization constants 0..n-1 = `spec`. Throws when the
-  // variant was not built into this binary.
+  // variant was not built into this binary. `subgroup_size` > 0 requires that subgroup size
+  // (and full subgroups) where the device lets the application choose (subgroup size control):
+  // kernels whose cooperative matrices assume it pass the size they were specialised for.
   const Pipeline& get(const std::string& variant, uint32_t bindings, uint32_t push_bytes,
-                      const std::vector<uint32_t>& spec = {});
+                      const std::vector<uint32_t>& spec = {}, uint32_t subgroup_size = 0);
   static bool available(const std::string& variant);
 
  private:

@@ -1,9 +1,12 @@
 #version 450
-// GEMM on matrix cores through GL_NV_cooperative_matrix: fp16 operands, fp32 accumulation,
-// fp32 C, all four transpose combinations (gemm_common.glsl).
+// GEMM on matrix cores through GL_NV_cooperative_matrix (v1) or GL_KHR_cooperative_matrix (-DKHR):
+// fp16 operands, fp32 accumulation, fp32 C, all four transpose combinations (gemm_common.glsl).
 //
-// Workgroup tile BM x BN, K step BK, WM x WN subgroups of 32 invocations, each owning a
-// (BM/WM) x (BN/WN) block held as TM x TN 16x16 accumulators. Tiles are staged in shared
+// Workgroup tile BM x BN, K step BK, WM x WN subgroups of SG invocations, each owning a
+// (BM/WM) x (BN/WN) block held as TM x TN accumulators of FM x FN. The fragment shape
+// FM x FN x FK and the subgroup size SG are specialization constants: NV v1 uses 16x16x16 at
+// subgroup 32; the KHR variants take the shape the device lists (AMD 16x16x16 at wave 32 or 64,
+// Intel other shapes), each a multiple of 8. Tiles are staged in shared
 // memory in the operand's stored layout (8 halves = one uvec4 per chunk, rows padded by one
 // chunk against bank conflicts); the cooperative-matrix load's column-major flag does the
 // transposes. The next K tile is fetched into registers during the multiplies (NSTAGES = 2:
@@ -15,8 +18,9 @@
 // goes through shared memory so that alpha, beta and the bounds apply per element.
 //
 // gemm_nvcm_emu replaces each cooperative-matrix operation with scalar code that follows the
-// GL_NV_cooperative_matrix definitions, so the tiling and addressing run (and are tested) on
-// devices without matrix cores, lavapipe included.
+// cooperative-matrix definitions, for any fragment shape and subgroup size, so the tiling and
+// addressing of both families run (and are tested) on devices without matrix cores, lavapipe
+// included.
 //
 // The _af32 variants (A_F32) take an fp32 A and round it to fp16 while staging it (as
 // nf4_gemm_coopmat.comp does with x), so mixed-precision training multiplies its fp32
@@ -26,9 +30,16 @@
 //! variant gemm_nvcm_emu -DEMULATE
 //! variant gemm_nvcm_af32 -DA_F32 requires=nv_coopmat
 //! variant gemm_nvcm_af32_emu -DA_F32 -DEMULATE
+//! variant gemm_khr -DKHR requires=khr_coopmat
+//! variant gemm_khr_af32 -DKHR -DA_F32 requires=khr_coopmat
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_control_flow_attributes : require
-#ifndef EMULATE
+#extension GL_GOOGLE_include_directive : enable  // for glslang (glslc turns it on itself)
+#if defined(KHR)
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_shader_subgroup_basic : require
+#elif !defined(EMULATE)
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -45,6 +56,10 @@ layout(constant_id = 7) const uint TA = 0;
 layout(constant_id = 8) const uint TB = 1;
 layout(constant_id = 9) const uint VECA = 1;
 layout(constant_id = 10) const uint VECB = 1;
+layout(constant_id = 11) const uint SG = 32;  // subgroup size (the host requires it)
+layout(constant_id = 12) const uint FM = 16;  // fragment: A is FM x FK, B FK x FN, C FM x FN
+layout(constant_id = 13) const uint FN = 16;
+layout(constant_id = 14) const uint FK = 16;
 
 #include "gemm_common.glsl"
 
@@ -59,7 +74,9 @@ layout(set = 0, binding = 1) readonly buffer BufB4 { uvec4 B4[]; };
 layout(set = 0, binding = 1) readonly buffer BufB1 { uint B1[]; };
 layout(set = 0, binding = 2) buffer BufC { float C[]; };
 
-const uint NT = WM * WN * 32u;
+const uint NT = WM * WN * SG;
+const uint FMN = FM * FN;          // accumulator elements
+const uint PER_LANE = FMN / SG;     // of them per lane (the host checks FMN % SG == 0)
 // A tile in shared memory: RA rows of CA chunks (TA = 0: rows m, chunks along k; TA = 1: rows k,
 // chunks along m). Likewise B (TB = 1: rows n, chunks along k; TB = 0: rows k, chunks along n).
 const uint RA = TA == 0 ? BM : BK;
@@ -72,12 +89,12 @@ const uint A_STAGE = RA * SA;
 const uint B_STAGE = RB * SB;
 const uint LA = (RA * CA + NT - 1u) / NT;
 const uint LB = (RB * CB + NT - 1u) / NT;
-const uint TM = BM / WM / 16u;
-const uint TN = BN / WN / 16u;
+const uint TM = BM / WM / FM;
+const uint TN = BN / WN / FN;
 
 shared uvec4 Ash[NSTAGES * A_STAGE];
 shared uvec4 Bsh[NSTAGES * B_STAGE];
-shared float Csh[WM * WN * 256u];  // epilogue: one 16x16 tile per subgroup
+shared float Csh[WM * WN * FMN];  // epilogue: one accumulator tile per subgroup
 
 #ifdef A_F32
 uint half_bits_b(uint h) {  // the 16 bits of half number h of B
@@ -136,7 +153,7 @@ uvec4 load_chunk_b(uint base, uint n0, uint k0, uint x) {
   return uvec4(v[0] | (v[1] << 16), v[2] | (v[3] << 16), v[4] | (v[5] << 16), v[6] | (v[7] << 16));
 }
 
-// Position (in uvec4 units) and orientation of the 16x16 operand tiles inside a stage.
+// Position (in uvec4 units) and orientation of the operand fragments inside a stage.
 // A (rows m, cols k) at tile offset (mi, ki): TA = 0 row-major, TA = 1 column-major.
 uint a_elem(uint mi, uint ki) { return TA == 0 ? mi * SA + ki / 8u : ki * SA + mi / 8u; }
 // B (rows k, cols n) at (ki, ni): TB = 1 column-major, TB = 0 row-major.
@@ -144,7 +161,23 @@ uint b_elem(uint ki, uint ni) { return TB == 1 ? ni * SB + ki / 8u : ki * SB + n
 const bool A_COLMAJOR = TA == 1;
 const bool B_COLMAJOR = TB == 1;
 
-#ifndef EMULATE
+#if defined(KHR)
+#define ACC_T coopmat<float, gl_ScopeSubgroup, FM, FN, gl_MatrixUseAccumulator>
+#define A_T coopmat<float16_t, gl_ScopeSubgroup, FM, FK, gl_MatrixUseA>
+#define B_T coopmat<float16_t, gl_ScopeSubgroup, FK, FN, gl_MatrixUseB>
+#define DECL_ACC ACC_T acc[TM * TN]
+#define ZERO_ACC(t) acc[t] = ACC_T(0.0)
+#define DECL_AB A_T fa[TM]; B_T fb
+// The layout operand must be a constant: one load per orientation, chosen by a specialization constant.
+#define LOAD_A(i, el) if (A_COLMAJOR) coopMatLoad(fa[i], Ash, (el), SA, gl_CooperativeMatrixLayoutColumnMajor); \
+    else coopMatLoad(fa[i], Ash, (el), SA, gl_CooperativeMatrixLayoutRowMajor)
+#define LOAD_B(el) if (B_COLMAJOR) coopMatLoad(fb, Bsh, (el), SB, gl_CooperativeMatrixLayoutColumnMajor); \
+    else coopMatLoad(fb, Bsh, (el), SB, gl_CooperativeMatrixLayoutRowMajor)
+#define MMA(i, t) acc[t] = coopMatMulAdd(fa[i], fb, acc[t])
+#define STORE_TILE(t, el) coopMatStore(acc[t], Csh, (el), FN, gl_CooperativeMatrixLayoutRowMajor)
+#define SUBGROUP_ID gl_SubgroupID
+#define LANE gl_SubgroupInvocationID
+#elif !defined(EMULATE)
 #define ACC_T fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
 #define IN_T fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define DECL_ACC ACC_T acc[TM * TN]
@@ -157,29 +190,29 @@ const bool B_COLMAJOR = TB == 1;
 #define SUBGROUP_ID gl_SubgroupID
 #define LANE gl_SubgroupInvocationID
 #else
-// Virtual subgroups of 32 consecutive invocations. An accumulator is spread over its lanes,
-// 8 elements each (element e of lane L is matrix index L + 32e, row-major); A and B operands
-// are held whole by every lane.
+// Virtual subgroups of SG consecutive invocations. An accumulator is spread over its lanes,
+// PER_LANE elements each (element e of lane L is matrix index L + SG*e, row-major); A and B
+// operands are held whole by every lane.
 float half_at(bool fromA, uint h) {  // h: index in halves into Ash / Bsh
   uint w = fromA ? Ash[h >> 3][(h >> 1) & 3u] : Bsh[h >> 3][(h >> 1) & 3u];
   return unpackHalf2x16(w)[h & 1u];
 }
-// element (r, c) of a 16x16 tile at chunk `el`: row-major at (el + r*stride)*8 + c,
+// element (r, c) of a fragment at chunk `el`: row-major at (el + r*stride)*8 + c,
 // column-major at (el + c*stride)*8 + r
-#define DECL_ACC float acc[TM * TN * 8]
-#define ZERO_ACC(t) [[unroll]] for (uint e_ = 0; e_ < 8u; ++e_) acc[(t) * 8u + e_] = 0.0
-#define DECL_AB float fa[TM * 256]; float fb[256]
-#define LOAD_A(i, el) for (uint r_ = 0; r_ < 16u; ++r_) for (uint c_ = 0; c_ < 16u; ++c_) \
-    fa[(i) * 256u + r_ * 16u + c_] = half_at(true, A_COLMAJOR ? ((el) + c_ * SA) * 8u + r_ : ((el) + r_ * SA) * 8u + c_)
-#define LOAD_B(el) for (uint r_ = 0; r_ < 16u; ++r_) for (uint c_ = 0; c_ < 16u; ++c_) \
-    fb[r_ * 16u + c_] = half_at(false, B_COLMAJOR ? ((el) + c_ * SB) * 8u + r_ : ((el) + r_ * SB) * 8u + c_)
-#define MMA(i, t) for (uint e_ = 0; e_ < 8u; ++e_) { \
-    uint x_ = LANE + 32u * e_; uint r_ = x_ >> 4, c_ = x_ & 15u; float s_ = acc[(t) * 8u + e_]; \
-    for (uint k_ = 0; k_ < 16u; ++k_) s_ += fa[(i) * 256u + r_ * 16u + k_] * fb[k_ * 16u + c_]; \
-    acc[(t) * 8u + e_] = s_; }
-#define STORE_TILE(t, el) for (uint e_ = 0; e_ < 8u; ++e_) Csh[(el) + LANE + 32u * e_] = acc[(t) * 8u + e_]
-#define SUBGROUP_ID (gl_LocalInvocationIndex / 32u)
-#define LANE (gl_LocalInvocationIndex % 32u)
+#define DECL_ACC float acc[TM * TN * PER_LANE]
+#define ZERO_ACC(t) [[unroll]] for (uint e_ = 0; e_ < PER_LANE; ++e_) acc[(t) * PER_LANE + e_] = 0.0
+#define DECL_AB float fa[TM * FM * FK]; float fb[FK * FN]
+#define LOAD_A(i, el) for (uint r_ = 0; r_ < FM; ++r_) for (uint c_ = 0; c_ < FK; ++c_) \
+    fa[(i) * FM * FK + r_ * FK + c_] = half_at(true, A_COLMAJOR ? ((el) + c_ * SA) * 8u + r_ : ((el) + r_ * SA) * 8u + c_)
+#define LOAD_B(el) for (uint r_ = 0; r_ < FK; ++r_) for (uint c_ = 0; c_ < FN; ++c_) \
+    fb[r_ * FN + c_] = half_at(false, B_COLMAJOR ? ((el) + c_ * SB) * 8u + r_ : ((el) + r_ * SB) * 8u + c_)
+#define MMA(i, t) for (uint e_ = 0; e_ < PER_LANE; ++e_) { \
+    uint x_ = LANE + SG * e_; uint r_ = x_ / FN, c_ = x_ % FN; float s_ = acc[(t) * PER_LANE + e_]; \
+    for (uint k_ = 0; k_ < FK; ++k_) s_ += fa[(i) * FM * FK + r_ * FK + k_] * fb[k_ * FN + c_]; \
+    acc[(t) * PER_LANE + e_] = s_; }
+#define STORE_TILE(t, el) for (uint e_ = 0; e_ < PER_LANE; ++e_) Csh[(el) + LANE + SG * e_] = acc[(t) * PER_LANE + e_]
+#define SUBGROUP_ID (gl_LocalInvocationIndex / SG)
+#define LANE (gl_LocalInvocationIndex % SG)
 #endif
 
 void main() {
@@ -230,11 +263,11 @@ void main() {
       }
     }
     const uint as = stage * A_STAGE, bs = stage * B_STAGE;
-    [[unroll]] for (uint kk = 0; kk < BK / 16u; ++kk) {
+    [[unroll]] for (uint kk = 0; kk < BK / FK; ++kk) {
       DECL_AB;
-      [[unroll]] for (uint i = 0; i < TM; ++i) { LOAD_A(i, as + a_elem((sgm * TM + i) * 16u, kk * 16u)); }
+      [[unroll]] for (uint i = 0; i < TM; ++i) { LOAD_A(i, as + a_elem((sgm * TM + i) * FM, kk * FK)); }
       [[unroll]] for (uint j = 0; j < TN; ++j) {
-        LOAD_B(bs + b_elem(kk * 16u, (sgn * TN + j) * 16u));
+        LOAD_B(bs + b_elem(kk * FK, (sgn * TN + j) * FN));
         [[unroll]] for (uint i = 0; i < TM; ++i) { MMA(i, i * TN + j); }
       }
     }
@@ -257,19 +290,19 @@ void main() {
     }
   }
 
-  // Epilogue: each accumulator through the subgroup's 16x16 scratch tile, then per element.
-  const uint cm = m0 + sgm * TM * 16u, cn = n0 + sgn * TN * 16u;
+  // Epilogue: each accumulator through the subgroup's scratch tile, then per element.
+  const uint cm = m0 + sgm * TM * FM, cn = n0 + sgn * TN * FN;
   [[unroll]] for (uint i = 0; i < TM; ++i) {
     [[unroll]] for (uint j = 0; j < TN; ++j) {
       barrier();
-      STORE_TILE(i * TN + j, sg * 256u);
+      STORE_TILE(i * TN + j, sg * FMN);
       barrier();
-      [[unroll]] for (uint e = 0; e < 8u; ++e) {
-        const uint x = LANE + 32u * e;
-        const uint m = cm + i * 16u + (x >> 4), n = cn + j * 16u + (x & 15u);
+      [[unroll]] for (uint e = 0; e < PER_LANE; ++e) {
+        const uint x = LANE + SG * e;
+        const uint m = cm + i * FM + x / FN, n = cn + j * FN + x % FN;
         if (m < pc.M && n < pc.N) {
           const uint ci = cbase + m * pc.ldc + n;
-          float v = pc.alpha * Csh[sg * 256u + x];
+          float v = pc.alpha * Csh[sg * FMN + x];
           if (pc.beta != 0.0) v += pc.beta * C[ci];
           C[ci] = v;
         }

@@ -10,6 +10,23 @@ Precision parse_precision(const std::string& text) {
   throw UserError("--precision " + text + ": expected fp32 or mixed");
 }
 
+Precision resolve_precision(const std::string& text, const gpu::Context& ctx) {
+  if (text != "auto") return parse_precision(text);
+  return ops::gemm_kernel_for(ctx, ops::DType::f16) == ops::GemmKernel::scalar ? Precision::fp32 : Precision::mixed;
+}
+
+std::string describe_precision_choice(const std::string& text, const gpu::Context& ctx) {
+  const Precision p = resolve_precision(text, ctx);
+  std::string line = std::string("precision: ") + precision_name(p);
+  if (text == "auto") {
+    const ops::GemmKernel k = ops::gemm_kernel_for(ctx, ops::DType::f16);
+    line += k == ops::GemmKernel::scalar
+                ? " (auto: no matrix cores that forja uses on " + ctx.info().name + ")"
+                : " (auto: fp16 products on matrix cores, " + ops::gemm_kernel_name(k) + " kernels)";
+  }
+  return line;
+}
+
 const char* precision_name(Precision p) { return p == Precision::mixed ? "mixed" : "fp32"; }
 
 }  // namespace forja::model

@@ -6,6 +6,11 @@
 //          as the GEMM loads them (cooperative-matrix kernels where the device has them, fp16
 //          scalar kernels elsewhere). The residual stream, norms, attention, softmax
 //          statistics, the loss, LoRA parameters and products, and optimizer state stay fp32.
+//   auto   (the default) mixed where the device has matrix cores that forja's GEMM uses (NV
+//          cooperative matrix 2, KHR or NV cooperative matrix), else fp32: on a device without
+//          them fp16 buys no speed. Resolved once the device is open; the run records the result.
+// bf16 (bf16 operands, no loss scaling) waits for a glslang with GL_EXT_bfloat16 (16.x), which
+// Debian's mirror does not serve yet (scripts/shader_tools).
 #pragma once
 #include <string>
 
@@ -15,8 +20,13 @@ namespace forja::model {
 
 enum class Precision { fp32, mixed };
 
-// "fp32" | "mixed"; anything else is a UserError naming --precision.
+// "fp32" | "mixed"; anything else ("auto" included: resolve it first) is a UserError naming
+// --precision.
 Precision parse_precision(const std::string& text);
+// "auto" resolved for this device (see above); "fp32" and "mixed" as parse_precision.
+Precision resolve_precision(const std::string& text, const gpu::Context& ctx);
+// One line for the run's log: what `text` became on this device, and why.
+std::string describe_precision_choice(const std::string& text, const gpu::Context& ctx);
 const char* precision_name(Precision p);
 // The dtype of dense base weights (--quant none projections, embedding, LM head) under `p`.
 inline ops::DType dense_dtype_for(Precision p) { return p == Precision::mixed ? ops::DType::f16 : ops::DType::f32; }

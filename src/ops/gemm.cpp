@@ -1,7 +1,10 @@
 #include "ops/gemm.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
+
+#include "util/error.h"
 
 namespace forja::ops {
 
@@ -51,8 +54,57 @@ Operand bind(const gpu::Context& ctx, const MatrixView& m, uint64_t offset, uint
 }
 
 bool coopmat_available(const gpu::Context& ctx) {
-  return ctx.info().nv_coopmat_f16_f32_16x16x16 && gpu::PipelineCache::available("gemm_nvcm") &&
-         !gpu::env_flag("FORJA_NO_COOPMAT");
+  return ctx.info().nv_coopmat_f16_f32_16x16x16 && gpu::PipelineCache::available("gemm_nvcm");
+}
+bool khr_available(const gpu::Context& ctx) {
+  return ctx.info().khr_fragment.m != 0 && gpu::PipelineCache::available("gemm_khr");
+}
+
+// NV2 tiles: {BM, BN, BK, workgroup size, K tiles per loop body, GROUP_M}. From the probe on an
+// H200 (docs/benchmarks.md): 128x256x64 on 256 invocations with 8 K tiles per body for outputs
+// that fill about two waves or more (238.7 TFLOP/s at 2048x9728x2560, 257 at 2048x4096x2560),
+// 128x128x64 with the GROUP_M = 8 swizzle for narrower ones (199.5 at 2048x2560x9728, 233 at
+// 2048x1024x2560, where 128x256 runs at 174 and 153), 64x64x64 on 128 for small ones.
+struct Cm2Tile {
+  uint32_t bm, bn, bk, threads, unroll, group_m;
+};
+const Cm2Tile kCm2Wide{128, 256, 64, 256, 8, 1}, kCm2Square{128, 128, 64, 256, 4, 8}, kCm2Small{64, 64, 64, 128, 4, 8};
+
+// Whether the device lists an fp16 x fp16 + fp32 workgroup-scope shape for this tile.
+bool cm2_tile_supported(const gpu::DeviceInfo& info, const Cm2Tile& t) {
+  if (t.threads > info.nv_coopmat2_max_workgroup || std::max({t.bm, t.bn, t.bk}) > info.nv_coopmat2_max_dimension)
+    return false;
+  for (const gpu::CoopMatShape& e : info.nv_coopmat2_workgroup_shapes)
+    if (e.workgroup_invocations == t.threads && e.a_type == "f16" && e.b_type == "f16" && e.c_type == "f32" &&
+        e.result_type == "f32" && t.bm % e.m == 0 && t.bn % e.n == 0 && t.bk % e.k == 0)
+      return true;
+  return false;
+}
+bool cm2_available(const gpu::Context& ctx) {
+  const gpu::DeviceInfo& info = ctx.info();
+  return info.nv_coopmat2 && gpu::PipelineCache::available("gemm_cm2") && cm2_tile_supported(info, kCm2Wide) &&
+         cm2_tile_supported(info, kCm2Square) && cm2_tile_supported(info, kCm2Small);
+}
+
+Cm2Tile cm2_tile(const GemmShape& s, uint32_t compute_units) {
+  const uint32_t cu = compute_units ? compute_units : 64;
+  auto groups = [&](const Cm2Tile& t) { return uint64_t((s.m + t.bm - 1) / t.bm) * ((s.n + t.bn - 1) / t.bn) * s.batch; };
+  if (s.n >= 256 && groups(kCm2Wide) * 10 >= uint64_t(cu) * 18) return kCm2Wide;
+  if (groups(kCm2Square) * 2 >= cu) return kCm2Square;
+  return kCm2Small;
+}
+
+// The family automatic may use at most (FORJA_GEMM_FAMILY / FORJA_NO_COOPMAT), best first.
+GemmKernel family_cap() {
+  if (gpu::env_flag("FORJA_NO_COOPMAT")) return GemmKernel::scalar;
+  const char* f = std::getenv("FORJA_GEMM_FAMILY");
+  if (!f || !*f) return GemmKernel::nv_coopmat2;
+  const std::string v = f;
+  if (v == "nv-coopmat2") return GemmKernel::nv_coopmat2;
+  if (v == "khr-coopmat") return GemmKernel::khr_coopmat;
+  if (v == "coopmat") return GemmKernel::coopmat;
+  if (v == "scalar") return GemmKernel::scalar;
+  throw UserError("FORJA_GEMM_FAMILY=" + v + " is not a GEMM family; use nv-coopmat2, khr-coopmat, coopmat or scalar");
 }
 
 bool is_scalar(GemmKernel k) {
@@ -105,14 +157,18 @@ CoopTile coop_tile(const GemmShape& s, bool emulated, uint32_t compute_units) {
   return smallest;
 }
 
-uint32_t coop_shared_bytes(const CoopTile& t, bool ta, bool tb) {
+uint32_t coop_shared_bytes(const CoopTile& t, bool ta, bool tb, const gpu::KhrFragment& f) {
   uint32_t ra = ta ? t.bk : t.bm, ca = (ta ? t.bm : t.bk) / 8;
   uint32_t rb = tb ? t.bn : t.bk, cb = (tb ? t.bk : t.bn) / 8;
-  return t.stages * (ra * (ca + 1) + rb * (cb + 1)) * 16 + t.wm * t.wn * 256 * 4;
+  return t.stages * (ra * (ca + 1) + rb * (cb + 1)) * 16 + t.wm * t.wn * f.m * f.n * 4;
 }
 
+// NV v1's fragment: 16x16x16 at subgroup 32.
+constexpr gpu::KhrFragment kNvFragment{16, 16, 16, 32};
+
 void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, uint64_t a_off, const MatrixView& b,
-                   uint64_t b_off, const MatrixView& c, uint64_t c_off, GemmKernel kernel) {
+                   uint64_t b_off, const MatrixView& c, uint64_t c_off, GemmKernel kernel,
+                   const gpu::KhrFragment& frag) {
   if (s.m == 0 || s.n == 0) return;
   const uint64_t a_rows = s.trans_a ? s.k : s.m, a_cols = s.trans_a ? s.m : s.k;
   const uint64_t b_rows = s.trans_b ? s.n : s.k, b_cols = s.trans_b ? s.k : s.n;
@@ -127,11 +183,11 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
     if (s.batch > 1) {
       GemmShape h = s;
       h.batch = s.batch / 2;
-      dispatch_part(ctx, h, a, a_off, b, b_off, c, c_off, kernel);
+      dispatch_part(ctx, h, a, a_off, b, b_off, c, c_off, kernel, frag);
       GemmShape r = s;
       r.batch = s.batch - h.batch;
       dispatch_part(ctx, r, a, a_off + h.batch * s.a_stride, b, b_off + h.batch * s.b_stride, c,
-                    c_off + h.batch * s.c_stride, kernel);
+                    c_off + h.batch * s.c_stride, kernel, frag);
       return;
     }
     const bool split_m = (a_big || (c_big && s.m >= s.n)) && s.m > 1;
@@ -140,15 +196,15 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
     if (split_m) {
       h.m = s.m / 2;
       r.m = s.m - h.m;
-      dispatch_part(ctx, h, a, a_off, b, b_off, c, c_off, kernel);
+      dispatch_part(ctx, h, a, a_off, b, b_off, c, c_off, kernel, frag);
       const uint64_t a_step = s.trans_a ? h.m : uint64_t(h.m) * a.ld;
-      dispatch_part(ctx, r, a, a_off + a_step, b, b_off, c, c_off + uint64_t(h.m) * c.ld, kernel);
+      dispatch_part(ctx, r, a, a_off + a_step, b, b_off, c, c_off + uint64_t(h.m) * c.ld, kernel, frag);
     } else {
       h.n = s.n / 2;
       r.n = s.n - h.n;
-      dispatch_part(ctx, h, a, a_off, b, b_off, c, c_off, kernel);
+      dispatch_part(ctx, h, a, a_off, b, b_off, c, c_off, kernel, frag);
       const uint64_t b_step = s.trans_b ? uint64_t(h.n) * b.ld : h.n;
-      dispatch_part(ctx, r, a, a_off, b, b_off + b_step, c, c_off + h.n, kernel);
+      dispatch_part(ctx, r, a, a_off, b, b_off + b_step, c, c_off + h.n, kernel, frag);
     }
     return;
   }
@@ -184,18 +240,41 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
                  flops);
     return;
   }
+  if (kernel == GemmKernel::nv_coopmat2) {
+    const Cm2Tile t = cm2_tile(s, ctx.info().compute_units);
+    const bool exact = s.m % t.bm == 0 && s.n % t.bn == 0 && s.k % t.bk == 0;
+    const bool aligned = a.ld % 8 == 0 && b.ld % 8 == 0 && c.ld % 8 == 0;
+    const char* name = mixed ? (exact ? "gemm_cm2_af32" : "gemm_cm2_af32_edge") : (exact ? "gemm_cm2" : "gemm_cm2_edge");
+    const auto& p = ctx.pipelines().get(name, 3, sizeof(GemmPush),
+                                        {t.threads, t.bm, t.bn, t.bk, t.unroll, t.group_m, s.trans_a, s.trans_b, aligned});
+    ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, s.op ? s.op : name,
+                 flops);
+    return;
+  }
+  // The subgroup-scope kernel: NV v1, KHR, or either emulated.
   const bool emulated = kernel == GemmKernel::coopmat_emulated;
+  const bool khr = kernel == GemmKernel::khr_coopmat;
   CoopTile t = coop_tile(s, emulated, ctx.info().compute_units);
-  while (coop_shared_bytes(t, s.trans_a, s.trans_b) > ctx.info().max_shared_memory && t.bm > 64) t = {64, 64, 32, 2, 2, 2};
+  if (t.bk % frag.k) t.bk = frag.k;
+  // Within the device's shared memory: the smallest tile, then one stage (large fragments'
+  // epilogue scratch on 32 KiB devices).
+  const uint32_t max_shared = ctx.info().max_shared_memory;
+  if (coop_shared_bytes(t, s.trans_a, s.trans_b, frag) > max_shared) t = {64, 64, std::max(32u, frag.k), 2, 2, 2};
+  if (coop_shared_bytes(t, s.trans_a, s.trans_b, frag) > max_shared) t.stages = 1;
+  if (coop_shared_bytes(t, s.trans_a, s.trans_b, frag) > max_shared)
+    throw std::logic_error("gemm: the cooperative-matrix tile does not fit the device's shared memory");
   // Vector loads need every 8-half chunk of the stored rows to be aligned and whole.
   const uint64_t a_contig = s.trans_a ? s.m : s.k, b_contig = s.trans_b ? s.k : s.n;
   const bool vec_a = a.ld % 8 == 0 && oa.offset % 8 == 0 && s.a_stride % 8 == 0 && a_contig % 8 == 0;
   const bool vec_b = b.ld % 8 == 0 && ob.offset % 8 == 0 && s.b_stride % 8 == 0 && b_contig % 8 == 0;
-  const uint32_t threads = t.wm * t.wn * 32;
-  const char* name = mixed ? (emulated ? "gemm_nvcm_af32_emu" : "gemm_nvcm_af32") : (emulated ? "gemm_nvcm_emu" : "gemm_nvcm");
+  const uint32_t threads = t.wm * t.wn * frag.subgroup_size;
+  const char* name = khr        ? (mixed ? "gemm_khr_af32" : "gemm_khr")
+                     : emulated ? (mixed ? "gemm_nvcm_af32_emu" : "gemm_nvcm_emu")
+                                : (mixed ? "gemm_nvcm_af32" : "gemm_nvcm");
   const auto& p = ctx.pipelines().get(name, 3, sizeof(GemmPush),
-                                      {threads, t.bm, t.bn, t.bk, t.wm, t.wn, t.stages, s.trans_a, s.trans_b,
-                                       vec_a, vec_b});
+                                      {threads, t.bm, t.bn, t.bk, t.wm, t.wn, t.stages, s.trans_a, s.trans_b, vec_a,
+                                       vec_b, frag.subgroup_size, frag.m, frag.n, frag.k},
+                                      khr ? frag.subgroup_size : 0);
   ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, s.op ? s.op : name,
                flops);
 }
@@ -204,7 +283,7 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
 // scratch [slices, M, N] as one strided batch (plus one product for a shorter last slice),
 // then gemm_split_k sums them into C with beta.
 void gemm_split_k(gpu::Context& ctx, const GemmShape& s, uint32_t slices, const MatrixView& a, const MatrixView& b,
-                  const MatrixView& c, GemmKernel kernel) {
+                  const MatrixView& c, GemmKernel kernel, const gpu::KhrFragment& frag) {
   const uint32_t ks = (s.k + slices - 1) / slices;
   const uint32_t step = (ks + 15) / 16 * 16;  // whole K tiles per slice
   const uint32_t full = s.k / step, rest = s.k - full * step;
@@ -218,10 +297,10 @@ void gemm_split_k(gpu::Context& ctx, const GemmShape& s, uint32_t slices, const 
   p.k = step, p.beta = 0.0f, p.batch = full, p.a_stride = a_step, p.b_stride = b_step, p.c_stride = mn,
   p.split_k = 1;
   const MatrixView part{scratch, DType::f32, 0, s.n};
-  if (full > 0) dispatch_part(ctx, p, a, a.offset, b, b.offset, part, 0, kernel);
+  if (full > 0) dispatch_part(ctx, p, a, a.offset, b, b.offset, part, 0, kernel, frag);
   if (rest > 0) {
     p.k = rest, p.batch = 1;
-    dispatch_part(ctx, p, a, a.offset + full * a_step, b, b.offset + full * b_step, part, full * mn, kernel);
+    dispatch_part(ctx, p, a, a.offset + full * a_step, b, b.offset + full * b_step, part, full * mn, kernel, frag);
   }
   struct ReducePush {
     uint32_t m, n, ldc, c_offset, slices;
@@ -257,8 +336,26 @@ uint32_t gemm_split_k_slices(const GemmShape& s) {
   return static_cast<uint32_t>(std::max<uint64_t>(slices, 1));
 }
 
+bool gemm_kernel_available(const gpu::Context& ctx, GemmKernel k) {
+  switch (k) {
+    case GemmKernel::coopmat: return coopmat_available(ctx);
+    case GemmKernel::khr_coopmat: return khr_available(ctx);
+    case GemmKernel::nv_coopmat2: return cm2_available(ctx);
+    default: return true;
+  }
+}
+
 GemmKernel gemm_kernel_for(const gpu::Context& ctx, DType operands) {
-  return operands == DType::f16 && coopmat_available(ctx) ? GemmKernel::coopmat : GemmKernel::scalar;
+  if (operands != DType::f16) return GemmKernel::scalar;
+  const GemmKernel cap = family_cap();
+  // Best first; the cap skips the families above it.
+  static const GemmKernel order[] = {GemmKernel::nv_coopmat2, GemmKernel::khr_coopmat, GemmKernel::coopmat};
+  bool allowed = false;
+  for (GemmKernel k : order) {
+    allowed = allowed || k == cap;
+    if (allowed && gemm_kernel_available(ctx, k)) return k;
+  }
+  return GemmKernel::scalar;
 }
 
 std::string gemm_kernel_name(GemmKernel k) {
@@ -269,12 +366,16 @@ std::string gemm_kernel_name(GemmKernel k) {
     case GemmKernel::scalar_t128: return "scalar-t128";
     case GemmKernel::coopmat: return "coopmat";
     case GemmKernel::coopmat_emulated: return "coopmat-emulated";
+    case GemmKernel::khr_coopmat: return "khr-coopmat";
+    case GemmKernel::nv_coopmat2: return "nv-coopmat2";
   }
   return "?";
 }
 
-void gemm(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const MatrixView& b, const MatrixView& c,
-          GemmKernel kernel) {
+namespace {
+
+void run_gemm(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const MatrixView& b, const MatrixView& c,
+              GemmKernel kernel, gpu::KhrFragment frag) {
   if (a.dtype != b.dtype && !(a.dtype == DType::f32 && b.dtype == DType::f16))
     throw std::logic_error("gemm: A and B must have the same dtype, or A fp32 and B fp16");
   if (c.dtype != DType::f32) throw std::logic_error("gemm: C must be fp32");
@@ -282,18 +383,41 @@ void gemm(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const Matr
   const uint64_t a_cols = s.trans_a ? s.m : s.k, b_cols = s.trans_b ? s.k : s.n;
   if (a.ld < a_cols || b.ld < b_cols || c.ld < s.n)
     throw std::logic_error("gemm: a leading dimension is smaller than its row length");
-  if (kernel == GemmKernel::automatic) kernel = gemm_kernel_for(ctx, b.dtype);
-  if ((kernel == GemmKernel::coopmat || kernel == GemmKernel::coopmat_emulated) && b.dtype != DType::f16)
-    throw std::logic_error("gemm: the cooperative-matrix kernel takes fp16 operands (or an fp32 A)");
-  if (kernel == GemmKernel::coopmat && !coopmat_available(ctx))
-    throw std::logic_error("gemm: the cooperative-matrix kernel is not available on this device");
+  const bool automatic = kernel == GemmKernel::automatic;
+  if (automatic) kernel = gemm_kernel_for(ctx, b.dtype);
+  if (!is_scalar(kernel) && b.dtype != DType::f16)
+    throw std::logic_error("gemm: the cooperative-matrix kernels take fp16 operands (or an fp32 A)");
+  if (!gemm_kernel_available(ctx, kernel))
+    throw std::logic_error("gemm: the " + gemm_kernel_name(kernel) + " kernel is not available on this device");
   if (s.k == 0 && !is_scalar(kernel)) {
     // C = beta * C: the scalar kernel handles K = 0 (no K tiles) exactly.
     kernel = GemmKernel::scalar;
   }
-  const uint32_t slices = std::min(gemm_split_k_slices(s), s.k);
-  if (slices > 1) return gemm_split_k(ctx, s, slices, a, b, c, kernel);
-  dispatch_part(ctx, s, a, a.offset, b, b.offset, c, c.offset, kernel);
+  // NV2's workgroup-wide tiles waste most of their work on thin products (LoRA's rank-r sides,
+  // short chunks): those go to the subgroup-scope family with its 64x64 tile.
+  if (automatic && kernel == GemmKernel::nv_coopmat2 && (s.m < 128 || s.n < 128))
+    kernel = khr_available(ctx) ? GemmKernel::khr_coopmat : coopmat_available(ctx) ? GemmKernel::coopmat
+                                                                                   : GemmKernel::nv_coopmat2;
+  if (kernel == GemmKernel::khr_coopmat) frag = ctx.info().khr_fragment;
+  const uint32_t slices = kernel == GemmKernel::nv_coopmat2 ? 1 : std::min(gemm_split_k_slices(s), s.k);
+  if (slices > 1) return gemm_split_k(ctx, s, slices, a, b, c, kernel, frag);
+  dispatch_part(ctx, s, a, a.offset, b, b.offset, c, c.offset, kernel, frag);
+}
+
+}  // namespace
+
+void gemm(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const MatrixView& b, const MatrixView& c,
+          GemmKernel kernel) {
+  run_gemm(ctx, s, a, b, c, kernel, kNvFragment);
+}
+
+void gemm_emulated(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const MatrixView& b,
+                   const MatrixView& c, const gpu::KhrFragment& fragment) {
+  auto side_ok = [](uint32_t x) { return x == 8 || x == 16 || x == 32; };
+  if (!side_ok(fragment.m) || !side_ok(fragment.n) || !side_ok(fragment.k) || fragment.subgroup_size == 0 ||
+      (fragment.m * fragment.n) % fragment.subgroup_size)
+    throw std::logic_error("gemm_emulated: unsupported fragment shape");
+  run_gemm(ctx, s, a, b, c, GemmKernel::coopmat_emulated, fragment);
 }
 
 }  // namespace forja::ops

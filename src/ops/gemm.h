@@ -9,9 +9,16 @@
 // and a leading dimension (row stride in elements), so slices of larger tensors work directly.
 // Operands larger than the device's maxStorageBufferRange are split into several dispatches.
 //
-// Variants: the scalar tiled kernel everywhere; with an fp16 B (fp16 or mixed operands) on a
-// device with GL_NV_cooperative_matrix 16x16x16 (and subgroup 32), the cooperative-matrix kernel.
-// FORJA_NO_COOPMAT=1 turns the latter off (debugging).
+// Kernel families: the scalar tiled kernel everywhere; with an fp16 B (fp16 or mixed operands) a
+// matrix-core family where the device has one, best first:
+//   nv-coopmat2  GL_NV_cooperative_matrix2, workgroup-scope matrices and tensor layouts
+//                (kernels/gemm_cm2.comp); NVIDIA. Products with M or N under 128 (LoRA's rank-r
+//                products, short chunks) go to the next family, whose 64x64 tile wastes less.
+//   khr-coopmat  GL_KHR_cooperative_matrix (kernels/gemm_coopmat.comp -DKHR) at the fragment shape
+//                and subgroup size the device lists: AMD, Intel, NVIDIA.
+//   coopmat      GL_NV_cooperative_matrix v1, 16x16x16 at subgroup 32 (the same kernel).
+// FORJA_GEMM_FAMILY=nv-coopmat2|khr-coopmat|coopmat|scalar caps automatic at that family (it
+// still falls back when the device lacks it); FORJA_NO_COOPMAT=1 is FORJA_GEMM_FAMILY=scalar.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -48,7 +55,21 @@ struct GemmShape {
 };
 
 // scalar picks its tile by the shape; scalar_t64 / scalar_t128 force one (tests, benchmarks).
-enum class GemmKernel { automatic, scalar, scalar_t64, scalar_t128, coopmat, coopmat_emulated };
+// coopmat_emulated runs the cooperative-matrix kernels' tiling with scalar code (any device; the
+// tests' way to cover the matrix-core paths on lavapipe).
+enum class GemmKernel {
+  automatic,
+  scalar,
+  scalar_t64,
+  scalar_t128,
+  coopmat,
+  coopmat_emulated,
+  khr_coopmat,
+  nv_coopmat2
+};
+
+// Whether this device (and this binary) can run the kernel.
+bool gemm_kernel_available(const gpu::Context& ctx, GemmKernel k);
 
 // The kernel `automatic` resolves to on this device for B of dtype `operands` (A fp32 or the same).
 GemmKernel gemm_kernel_for(const gpu::Context& ctx, DType operands);
@@ -70,5 +91,11 @@ CoopTileSize gemm_coop_tile_size(const GemmShape& shape, uint32_t compute_units)
 
 void gemm(gpu::Context& ctx, const GemmShape& shape, const MatrixView& a, const MatrixView& b, const MatrixView& c,
           GemmKernel kernel = GemmKernel::automatic);
+
+// The emulated cooperative-matrix kernel at a given fragment shape and subgroup size (8, 16 or
+// 32 per side; m*n a multiple of the subgroup size): runs the tiling and addressing that the KHR
+// kernels use on other vendors' fragment shapes, on any device.
+void gemm_emulated(gpu::Context& ctx, const GemmShape& shape, const MatrixView& a, const MatrixView& b,
+                   const MatrixView& c, const gpu::KhrFragment& fragment);
 
 }  // namespace forja::ops

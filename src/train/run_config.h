@@ -52,7 +52,7 @@ struct RunConfig {
   // engine
   std::string quant = "nf4";
   bool double_quant = true;
-  std::string precision = "fp32";
+  std::string precision = "auto";  // the trainer resolves it (model/precision.h)
   Toggle grad_checkpointing = Toggle::automatic;  // auto: on when seq-len >= 1024
   uint64_t seed = 42;
   int device = -1;

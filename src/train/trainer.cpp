@@ -273,6 +273,10 @@ void Run::load() {
 
   // One GPU per rank of this machine (--device overrides); only rank 0 prints notices.
   ctx_ = gpu::Context::create(c_.device, !world_.is_root(), world_.local_rank());
+  // --precision auto becomes what this device runs best; config.yaml records the result.
+  std::printf("%s\n", model::describe_precision_choice(c_.precision, *ctx_).c_str());
+  c_.precision = model::precision_name(model::resolve_precision(c_.precision, *ctx_));
+  config_yaml_ = c_.to_yaml();
   std::printf("model: %s, %lld layers, hidden %lld, vocab %lld\n", mc_.model_type.c_str(), (long long)mc_.num_layers,
               (long long)mc_.hidden_size, (long long)mc_.vocab_size);
   model::TrainingSettings ts;

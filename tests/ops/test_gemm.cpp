@@ -44,6 +44,8 @@ struct Layout {
   // fp16 on load; the reference multiplies the rounded values.
   bool a_f32 = false;
   uint32_t split_k = 0;  // GemmShape::split_k (0 = automatic)
+  // m > 0: the emulated cooperative-matrix kernel at this fragment shape (ops::gemm_emulated).
+  gpu::KhrFragment fragment{};
   static Layout aligned() { return {4, 4, 4, 0, 0, 1, 0, false}; }
 };
 
@@ -63,7 +65,9 @@ class GemmTest : public GpuTest {
                  (l.a_f32 ? " A f32" : "") + " pads " + std::to_string(l.lda_pad) + "," + std::to_string(l.ldb_pad) +
                  "," + std::to_string(l.ldc_pad) + " offsets " + std::to_string(l.a_offset) + "," +
                  std::to_string(l.b_offset) + " batch " + std::to_string(l.batch) + " stride pad " +
-                 std::to_string(l.stride_pad) + " split_k " + std::to_string(l.split_k));
+                 std::to_string(l.stride_pad) + " split_k " + std::to_string(l.split_k) + " fragment " +
+                 std::to_string(l.fragment.m) + "x" + std::to_string(l.fragment.n) + "x" +
+                 std::to_string(l.fragment.k) + "/" + std::to_string(l.fragment.subgroup_size));
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     std::uniform_int_distribution<int> pick(0, 3);
@@ -122,8 +126,12 @@ class GemmTest : public GpuTest {
 
     ops::GemmShape shape{c.m, c.n, c.k, c.ta, c.tb, c.alpha, c.beta, l.batch, a_stride, b_stride, c_stride};
     shape.split_k = l.split_k;
-    ops::gemm(ctx(), shape, {ga, a_dtype, l.a_offset, lda}, {gb, dtype, l.b_offset, ldb},
-              {gc, DType::f32, uint64_t(c_pad) * ldc, ldc}, kernel);
+    if (l.fragment.m)
+      ops::gemm_emulated(ctx(), shape, {ga, a_dtype, l.a_offset, lda}, {gb, dtype, l.b_offset, ldb},
+                         {gc, DType::f32, uint64_t(c_pad) * ldc, ldc}, l.fragment);
+    else
+      ops::gemm(ctx(), shape, {ga, a_dtype, l.a_offset, lda}, {gb, dtype, l.b_offset, ldb},
+                {gc, DType::f32, uint64_t(c_pad) * ldc, ldc}, kernel);
     auto out = ctx().download<float>(gc, cmat.size());
     ctx().free(ga);
     ctx().free(gb);
@@ -148,6 +156,34 @@ class GemmTest : public GpuTest {
       }
     }
     EXPECT_EQ(bad, 0u);
+  }
+
+  // A matrix-core family on the device: exact values bit-exact, random ones within the fp32
+  // tolerance; every transpose; fp16 and mixed operands; tile multiples (NV2's unchecked
+  // variant) and awkward sizes (its clamped one); misaligned views; batches.
+  void family_suite(GemmKernel k) {
+    for (const Case& c : awkward_cases()) run(c, DType::f16, k, true);
+    for (const Case& c : awkward_cases()) run(c, DType::f16, k, false);
+    for (const Case& c : awkward_cases()) run(c, DType::f16, k, false, 1, true);
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        run({256, 512, 128, ta, tb, 1.0f, 0.0f}, DType::f16, k, true, Layout::aligned());
+        run({256, 512, 128, ta, tb, 0.5f, 1.0f}, DType::f16, k, false, Layout::aligned());
+        Layout mixed = Layout::aligned();
+        mixed.a_f32 = true;
+        run({384, 256, 192, ta, tb, 1.0f, 0.0f}, DType::f16, k, false, mixed);
+        Layout batched = Layout::aligned();
+        batched.batch = 3;
+        run({128, 128, 64, ta, tb, 1.0f, 0.5f}, DType::f16, k, true, batched);
+      }
+    run({1000, 3, 777, false, true, 1.0f, 0.0f}, DType::f16, k, true);
+    run({512, 512, 4100, true, false, 1.0f, 0.0f}, DType::f16, k, true);
+    run({2048, 1024, 256, false, false, 1.0f, 1.0f}, DType::f16, k, false);
+    run({2048, 1024, 256, false, true, 1.0f, 1.0f}, DType::f16, k, false, 1, true);
+    Layout offsets = Layout::aligned();
+    offsets.a_offset = 3;
+    offsets.b_offset = 5;
+    run({200, 300, 100, false, true, 1.0f, 0.0f}, DType::f16, k, true, offsets);
   }
 
   std::vector<Case> awkward_cases() {
@@ -299,6 +335,69 @@ TEST_F(GemmTest, CoopmatBitExactAndRandom) {
   for (const Case& c : awkward_cases()) run(c, DType::f16, GemmKernel::coopmat, false, 1, true);
   run({256, 4096, 128, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat, false, 1, true);
   run({2048, 1024, 256, false, false, 1.0f, 1.0f}, DType::f16, GemmKernel::coopmat, false, 1, true);
+}
+
+// The KHR kernels take the fragment shape and subgroup size the device lists (AMD 16x16x16 at
+// wave 32 or 64, Intel 8x16x16 at 16, others): the same tiling at each, emulated, bit-exact.
+TEST_F(GemmTest, CoopmatEmulatedOtherFragments) {
+  const gpu::KhrFragment fragments[] = {{16, 16, 16, 64}, {8, 16, 16, 16}, {16, 8, 16, 32}, {32, 32, 16, 32},
+                                        {16, 16, 32, 8}, {32, 8, 8, 8}};
+  for (const gpu::KhrFragment& f : fragments)
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        Layout l;
+        l.lda_pad = 8;
+        l.fragment = f;
+        run({17, 33, 65, ta, tb, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat_emulated, true, l);
+        run({70, 3, 40, ta, tb, 0.5f, 1.0f}, DType::f16, GemmKernel::coopmat_emulated, true, l);
+        Layout mixed = Layout::aligned();  // vector loads, fp32 A
+        mixed.a_f32 = true;
+        mixed.fragment = f;
+        run({64, 72, 96, ta, tb, 1.0f, 0.0f}, DType::f16, GemmKernel::coopmat_emulated, true, mixed);
+      }
+  Layout bad;
+  bad.fragment = {16, 16, 16, 512};  // 256 accumulator elements over 512 lanes
+  gpu::Buffer buf = ctx().alloc(4096);
+  EXPECT_THROW(ops::gemm_emulated(ctx(), {4, 4, 4, false, true}, {buf, DType::f16, 0, 4}, {buf, DType::f16, 0, 4},
+                                  {buf, DType::f32, 0, 4}, bad.fragment),
+               std::logic_error);
+  ctx().free(buf);
+}
+
+TEST(KhrFragment, ChoosesTheLargestFp16Fp32SubgroupShape) {
+  auto shape = [](uint32_t m, uint32_t n, uint32_t k, const char* a, const char* c, bool subgroup = true) {
+    return gpu::CoopMatShape{m, n, k, a, a, c, c, subgroup};
+  };
+  // H200's list (docs/benchmarks.md): 16x16x16 f16 -> f32 among f16-accumulating and int shapes.
+  const std::vector<gpu::CoopMatShape> h200 = {shape(16, 16, 16, "f16", "f16"), shape(16, 8, 16, "f16", "f16"),
+                                               shape(16, 8, 8, "f16", "f32"),   shape(16, 16, 16, "f16", "f32"),
+                                               shape(16, 8, 16, "f16", "f32"),  shape(16, 16, 32, "u8", "u32")};
+  gpu::KhrFragment f = gpu::choose_khr_fragment(h200, 32);
+  EXPECT_EQ(f.m, 16u);
+  EXPECT_EQ(f.n, 16u);
+  EXPECT_EQ(f.k, 16u);
+  EXPECT_EQ(f.subgroup_size, 32u);
+  // An Intel-like list: 8x16x16 at subgroup 16.
+  f = gpu::choose_khr_fragment({shape(8, 16, 16, "f16", "f32"), shape(8, 8, 16, "f16", "f32", false)}, 16);
+  EXPECT_EQ(f.m, 8u);
+  EXPECT_EQ(f.n, 16u);
+  // Nothing usable: only f16 accumulation, a side that is not 8/16/32, or too few elements per lane.
+  EXPECT_EQ(gpu::choose_khr_fragment({shape(16, 16, 16, "f16", "f16")}, 32).m, 0u);
+  EXPECT_EQ(gpu::choose_khr_fragment({shape(16, 16, 12, "f16", "f32")}, 32).m, 0u);
+  EXPECT_EQ(gpu::choose_khr_fragment({shape(8, 8, 16, "f16", "f32")}, 128).m, 0u);
+}
+
+// The real KHR and NV2 kernels where the device has them (not lavapipe).
+TEST_F(GemmTest, KhrCoopmatBitExactAndRandom) {
+  if (!ops::gemm_kernel_available(ctx(), GemmKernel::khr_coopmat))
+    GTEST_SKIP() << "no usable KHR cooperative matrix on " << ctx().info().name;
+  family_suite(GemmKernel::khr_coopmat);
+}
+
+TEST_F(GemmTest, NvCoopmat2BitExactAndRandom) {
+  if (!ops::gemm_kernel_available(ctx(), GemmKernel::nv_coopmat2))
+    GTEST_SKIP() << "no usable NV cooperative matrix 2 on " << ctx().info().name;
+  family_suite(GemmKernel::nv_coopmat2);
 }
 
 // Operands larger than maxStorageBufferRange are split into several dispatches. Only on
