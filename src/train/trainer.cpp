@@ -628,8 +628,12 @@ int Run::execute() {
           std::fprintf(stderr,
                        "forja: step %lld: the loss (%g) or gradient norm (%g) is not finite; training stopped, the "
                        "adapter was not updated. Last good checkpoint: %s. Lower --lr, raise --warmup-steps, or pass "
-                       "--skip-nonfinite to skip such steps.\n",
-                       (long long)st_.step + 1, loss, norm, all.empty() ? "none" : all.back().string().c_str());
+                       "--skip-nonfinite to skip such steps.%s\n",
+                       (long long)st_.step + 1, loss, norm, all.empty() ? "none" : all.back().string().c_str(),
+                       c_.precision == "mixed"
+                           ? " With --precision mixed an activation beyond fp16's range (65504) entering a matrix "
+                             "product does this too: resume with --precision fp32."
+                           : "");
         report("failed");
         return 3;
       }
