@@ -66,10 +66,10 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint BR = 64;   // query rows per tile (multiple of 16)
 layout(constant_id = 2) const uint BC = 32;   // keys per tile (multiple of 16)
-layout(constant_id = 3) const uint HD = 128;  // head_dim (multiple of 16)
+layout(constant_id = 3) const uint HD = 128;  // head_dim rounded up to a multiple of 16 (pc.head_dim: itself)
 
 layout(push_constant) uniform PC {
-  uint seq, n_heads, n_kv_heads;
+  uint seq, n_heads, n_kv_heads, head_dim;
   float scale;
   // Element offsets into the bindings, in binding order (unused ones are 0).
   uint off0, off1, off2, off3, off4, off5, off6, off7, off8;
@@ -259,21 +259,21 @@ void op_put2(uint e, float a, float b) {  // e even: one 32-bit word
 #endif
 
 // ---- helpers ------------------------------------------------------------------------------------
-uint token_row(uint b, uint i, uint heads, uint h) { return ((b * pc.seq + i) * heads + h) * HD; }
+uint token_row(uint b, uint i, uint heads, uint h) { return ((b * pc.seq + i) * heads + h) * pc.head_dim; }
 uint stat_index(uint b, uint h, uint i) { return (b * pc.n_heads + h) * pc.seq + i; }
 // Query i sees key j iff j <= i and seg[j] == seg[i] != 0; rows past the sequence carry segment 0.
 bool visible(uint i, uint j, int seg_i, int seg_j) { return j <= i && seg_i != 0 && seg_j == seg_i; }
 
 // Rows [ROW0, ROW0 + ROWS) of head HEAD of a token-major fp32 array into the operand tile at
-// uvec4 offset REGION (row stride LDH), zero past the sequence. A macro because GLSL cannot pass
-// buffers by reference.
+// uvec4 offset REGION (row stride LDH), zero past the sequence and in the columns from head_dim
+// to HD. A macro because GLSL cannot pass buffers by reference.
 #define LOAD_TILE(REGION, ROWS, SRC, SRC_OFF, HEADS, B, ROW0, HEAD)                  \
   for (uint p_ = gl_LocalInvocationIndex; p_ < (ROWS) * (HD / 2u); p_ += NT) {       \
     const uint r_ = p_ / (HD / 2u), c_ = 2u * (p_ % (HD / 2u)), i_ = (ROW0) + r_;    \
     vec2 x_ = vec2(0.0);                                                             \
-    if (i_ < pc.seq) {                                                               \
+    if (i_ < pc.seq && c_ < pc.head_dim) {                                           \
       const uint s_ = (SRC_OFF) + token_row(B, i_, HEADS, HEAD) + c_;                \
-      x_ = vec2(SRC[s_], SRC[s_ + 1u]);                                              \
+      x_ = vec2(SRC[s_], c_ + 1u < pc.head_dim ? SRC[s_ + 1u] : 0.0);                \
     }                                                                                \
     op_put2((REGION) * EPU + r_ * LDH + c_, x_.x, x_.y);                             \
   }
@@ -395,9 +395,10 @@ void main() {
     barrier();
     for (uint e = 0u; e < 8u; ++e) {
       const uint x = lane + 32u * e, r = sg * 16u + (x >> 4), i = q0 + r;
-      if (i < pc.seq) {
+      const uint c = f * 16u + (x & 15u);
+      if (i < pc.seq && c < pc.head_dim) {
         const float l = srow_l[r];
-        o[pc.off4 + token_row(b, i, pc.n_heads, h) + f * 16u + (x & 15u)] = l > 0.0 ? w_get(scr + x) / l : 0.0;
+        o[pc.off4 + token_row(b, i, pc.n_heads, h) + c] = l > 0.0 ? w_get(scr + x) / l : 0.0;
       }
     }
     barrier();
@@ -419,7 +420,7 @@ void main() {
     float part = 0.0;
     if (i < pc.seq) {
       const uint base = token_row(b, i, pc.n_heads, h);
-      for (uint c = half_ * (HD / 2u); c < (half_ + 1u) * (HD / 2u); ++c)
+      for (uint c = half_ * (HD / 2u); c < min((half_ + 1u) * (HD / 2u), pc.head_dim); ++c)
         part += dout[pc.off6 + base + c] * o[pc.off4 + base + c];
     }
     sred[t] = part;
@@ -489,8 +490,8 @@ void main() {
     STORE_ACC(acc_dq, f, scr, 16u);
     barrier();
     for (uint e = 0u; e < 8u; ++e) {
-      const uint x = lane + 32u * e, r = sg * 16u + (x >> 4), i = q0 + r;
-      if (i < pc.seq) dq[pc.off7 + token_row(b, i, pc.n_heads, h) + f * 16u + (x & 15u)] = pc.scale * w_get(scr + x);
+      const uint x = lane + 32u * e, r = sg * 16u + (x >> 4), i = q0 + r, c = f * 16u + (x & 15u);
+      if (i < pc.seq && c < pc.head_dim) dq[pc.off7 + token_row(b, i, pc.n_heads, h) + c] = pc.scale * w_get(scr + x);
     }
     barrier();
   }
@@ -572,9 +573,9 @@ void main() {
     STORE_ACC(acc_dv, f, scr + 256u, 16u);
     barrier();
     for (uint e = 0u; e < 8u; ++e) {
-      const uint x = lane + 32u * e, kr = sg * 16u + (x >> 4), jj = k0 + kr;
-      if (jj < pc.seq) {
-        const uint dst = token_row(b, jj, pc.n_kv_heads, g) + f * 16u + (x & 15u);
+      const uint x = lane + 32u * e, kr = sg * 16u + (x >> 4), jj = k0 + kr, c = f * 16u + (x & 15u);
+      if (jj < pc.seq && c < pc.head_dim) {
+        const uint dst = token_row(b, jj, pc.n_kv_heads, g) + c;
         dk[pc.off7 + dst] = pc.scale * w_get(scr + x);
         dv[pc.off8 + dst] = w_get(scr + 256u + x);
       }

@@ -15,7 +15,7 @@ namespace {
 
 // Must match PC in kernels/flash_attention.comp.
 struct FlashPush {
-  uint32_t seq, n_heads, n_kv_heads;
+  uint32_t seq, n_heads, n_kv_heads, head_dim;
   float scale;
   uint32_t off[9];  // element offsets, in binding order
 };
@@ -91,10 +91,13 @@ Tile pick(const gpu::Context& ctx, Pass p, uint32_t hd, FlashKernel kernel, cons
   return {0, 0};
 }
 
+// The kernels' HD: head_dim rounded up to whole 16-wide fragments (zero columns past it).
+uint32_t padded_head_dim(uint32_t d) { return (d + 15) / 16 * 16; }
+
 // Empty when supported, else the reason.
 std::string unsupported(const gpu::Context& ctx, uint32_t hd, const FlashAttentionOptions& o, FlashTiles* tiles) {
-  if (hd == 0 || hd % 16 != 0 || hd > 128)
-    return "head_dim " + std::to_string(hd) + " is not a multiple of 16 up to 128";
+  if (hd == 0 || hd > 128) return "head_dim " + std::to_string(hd) + " is outside 1..128";
+  hd = padded_head_dim(hd);
   const FlashKernel kernel = flash_kernel_for(ctx, o.kernel);
   if (kernel == FlashKernel::coopmat && !flash_attention_coopmat_available(ctx))
     return "the cooperative-matrix kernels are not available on this device (or FORJA_NO_COOPMAT is set)";
@@ -125,7 +128,8 @@ uint32_t sequences_per_dispatch(const gpu::Context& ctx, const char* op, const D
 
 const gpu::Pipeline& pipeline(gpu::Context& ctx, Pass p, FlashKernel kernel, Tile t, uint32_t hd, uint32_t bindings) {
   const uint32_t threads = (p == Pass::dkdv ? t.k : t.q) / 16 * 32;
-  return ctx.pipelines().get(variant_name(p, kernel), bindings, sizeof(FlashPush), {threads, t.q, t.k, hd});
+  return ctx.pipelines().get(variant_name(p, kernel), bindings, sizeof(FlashPush),
+                             {threads, t.q, t.k, padded_head_dim(hd)});
 }
 
 }  // namespace
@@ -184,7 +188,7 @@ void flash_attention_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu:
     const Bound bs = bind_elements(ctx, segments, uint64_t(b0) * seq, uint64_t(nb) * seq);
     const Bound bo = bind_elements(ctx, out, b0 * m.q_seq(), nb * m.q_seq());
     const Bound bl = bind_elements(ctx, lse, b0 * m.stat_seq(), nb * m.stat_seq());
-    const FlashPush push{seq, n_heads, n_kv_heads, scale,
+    const FlashPush push{seq, n_heads, n_kv_heads, head_dim, scale,
                          {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, 0, 0, 0}};
     // Causal: about half of the S x S scores, each a d-long dot in QK^T and in PV.
     const double flops = 2.0 * 2.0 * nb * n_heads * (0.5 * seq * (seq + 1.0)) * head_dim;
@@ -237,7 +241,7 @@ void flash_attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu
     const double product = 2.0 * nb * n_heads * (0.5 * seq * (seq + 1.0)) * head_dim;
 
     const FlashPush push_dq{
-        seq, n_heads, n_kv_heads, scale,
+        seq, n_heads, n_kv_heads, head_dim, scale,
         {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, bdo.offset, bdq.offset, bd.offset}};
     ctx.dispatch(pdq,
                  {{bq.buffer, gpu::Access::read},
@@ -252,7 +256,7 @@ void flash_attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu
                  push_dq, (seq + tq.q - 1) / tq.q, n_heads, nb, "flash_attention_backward_dq", 3 * product);
 
     const FlashPush push_kv{
-        seq, n_heads, n_kv_heads, scale,
+        seq, n_heads, n_kv_heads, head_dim, scale,
         {bq.offset, bk.offset, bv.offset, bs.offset, bl.offset, bdo.offset, bd.offset, bdk.offset, bdv.offset}};
     ctx.dispatch(pkv,
                  {{bq.buffer, gpu::Access::read},

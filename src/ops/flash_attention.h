@@ -16,8 +16,10 @@
 // statistics, D = rowsum(dout * out) and every accumulation are fp32. f32 runs the same tiling
 // in fp32 throughout (scalar; for tests and comparisons).
 //
-// head_dim must be a multiple of 16, at most 128 (flash_attention_supports says whether a shape
-// runs; the model falls back to the other implementations otherwise).
+// head_dim 1..128: the kernels work on whole 16-wide fragments, so a head_dim that is not a
+// multiple of 16 runs as the next one with zero columns (flash_attention_supports says whether
+// a shape runs on a device: the fp32 variant's backward at head_dim 128 needs more than 32 KiB of
+// shared memory).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -48,8 +50,8 @@ bool flash_attention_coopmat_available(const gpu::Context& ctx);
 FlashKernel flash_kernel_for(const gpu::Context& ctx, FlashKernel requested = FlashKernel::automatic);
 std::string flash_kernel_name(FlashKernel k);
 
-// Whether flash attention runs head_dim on this device with these options (head_dim a multiple
-// of 16 up to 128, the kernel present, tiles that fit shared memory).
+// Whether flash attention runs head_dim on this device with these options (head_dim 1..128, the
+// kernel present, tiles that fit shared memory).
 bool flash_attention_supports(const gpu::Context& ctx, uint32_t head_dim, const FlashAttentionOptions& options = {});
 // The tiles for head_dim; throws std::invalid_argument (saying why) where it is not supported.
 FlashTiles flash_attention_tiles(const gpu::Context& ctx, uint32_t head_dim, const FlashAttentionOptions& options = {});

@@ -1,6 +1,7 @@
 // Fused flash attention (ops/flash_attention.h) against the double-precision reference
 // (ops/ref/attention_ref.h): forward out and lse, backward dq/dk/dv, on awkward shapes (S 37 and
-// 130, not multiples of the tiles; head_dim 16 to 128; GQA 4/2 and 6/1), with plain causal masks
+// 130, not multiples of the tiles; head_dim 8 to 128, 33 and 40 not multiples of the 16-wide
+// fragments; GQA 4/2 and 6/1), with plain causal masks
 // and with 2-3 packed segments plus padding rows; tiles forced small and large; the backward
 // against central finite differences of the reference forward; determinism; all-padding rows.
 // Sentinels after every output catch writes past the end; outputs start as NaN so a row the
@@ -154,9 +155,10 @@ class FlashAttentionTest : public GpuBufferTest {
   }
 };
 
-// The shapes: S 37 and 130, head_dim 64 and 128, GQA 4/2 and 6/1; and small head dims.
-const Shape kShapes[] = {{2, 37, 4, 2, 64}, {1, 130, 6, 1, 64}, {2, 37, 6, 1, 128},
-                         {1, 130, 4, 2, 128}, {2, 33, 4, 4, 16}, {1, 1, 2, 1, 32}};
+// The shapes: S 37 and 130, head_dim 64 and 128, GQA 4/2 and 6/1; and small head dims,
+// padded to the fragments (8 -> 16, 33 -> 48).
+const Shape kShapes[] = {{2, 37, 4, 2, 64}, {1, 130, 6, 1, 64}, {2, 37, 6, 1, 128}, {1, 130, 4, 2, 128},
+                         {2, 33, 4, 4, 16}, {1, 1, 2, 1, 32},   {2, 21, 3, 1, 8},   {1, 40, 4, 2, 33}};
 
 TEST_F(FlashAttentionTest, F32MatchesReference) {
   // fp32 operand tiles are twice as large: at head_dim 128 the backward needs more than
@@ -284,12 +286,13 @@ TEST_F(FlashAttentionTest, AllPaddingGivesZeros) {
 
 TEST_F(FlashAttentionTest, RejectsUnsupportedShapes) {
   auto b = output(4096);
-  EXPECT_FALSE(ops::flash_attention_supports(ctx(), 8));
+  EXPECT_TRUE(ops::flash_attention_supports(ctx(), 8));
+  EXPECT_FALSE(ops::flash_attention_supports(ctx(), 0));
   EXPECT_FALSE(ops::flash_attention_supports(ctx(), 144));
   EXPECT_FALSE(ops::flash_attention_supports(ctx(), 64, {FlashKernel::coopmat_emulated, 24, 16}));
   EXPECT_TRUE(ops::flash_attention_supports(ctx(), 64, {FlashKernel::coopmat_emulated, 16, 16}));
   EXPECT_THROW(ops::flash_attention_forward(ctx(), b, b, b, b, b, b, 1, 4, 3, 2, 16, 1.0f), std::invalid_argument);
-  EXPECT_THROW(ops::flash_attention_forward(ctx(), b, b, b, b, b, b, 1, 4, 2, 1, 40, 1.0f), std::invalid_argument);
+  EXPECT_THROW(ops::flash_attention_forward(ctx(), b, b, b, b, b, b, 1, 4, 2, 1, 129, 1.0f), std::invalid_argument);
   EXPECT_THROW(ops::flash_attention_forward(ctx(), b, b, b, b, b, b, 8, 64, 2, 1, 16, 1.0f), std::invalid_argument);
 }
 
