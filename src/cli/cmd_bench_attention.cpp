@@ -30,7 +30,7 @@ using namespace forja;
 
 struct AttnBenchOptions {
   uint32_t batch = 1, seq = 2048, heads = 32, kv_heads = 8, head_dim = 128;
-  uint32_t block_q = 0, block_k = 0;
+  uint32_t block_q = 0, block_k = 0, dkdv_split = 0;
   int reps = 5, device = -1;
   std::string impls = "flash,gemm,tiled", flash_kernel = "automatic";
   bool packed = false;
@@ -89,7 +89,7 @@ int run(const AttnBenchOptions& o) {
   g.out = alloc(nq), g.lse = alloc(nstat), g.dq = alloc(nq), g.dk = alloc(nkvv), g.dv = alloc(nkvv);
   ctx->upload(g.q, q), ctx->upload(g.k, k), ctx->upload(g.v, v), ctx->upload(g.seg, seg), ctx->upload(g.dout, dout);
 
-  ops::FlashAttentionOptions fo{parse_flash_kernel(o.flash_kernel), o.block_q, o.block_k};
+  ops::FlashAttentionOptions fo{parse_flash_kernel(o.flash_kernel), o.block_q, o.block_k, o.dkdv_split};
   std::vector<std::string> impls;
   {
     std::stringstream ss(o.impls);
@@ -156,9 +156,10 @@ int run(const AttnBenchOptions& o) {
       throw UserError(std::string("bench attention: ") + e.what() + "; pick another --flash-kernel, --head-dim or "
                       "--impl");
     }
-    std::printf("flash: kernel %s, tiles (queries x keys) forward %ux%u, dq %ux%u, dk/dv %ux%u\n",
+    std::printf("flash: kernel %s, tiles (queries x keys) forward %ux%u, dq %ux%u, dk/dv %ux%u, dk/dv workgroups "
+                "per kv head %u\n",
                 ops::flash_kernel_name(ops::flash_kernel_for(*ctx, fo.kernel)).c_str(), t.fwd_q, t.fwd_k, t.dq_q,
-                t.dq_k, t.dkdv_q, t.dkdv_k);
+                t.dq_k, t.dkdv_q, t.dkdv_k, ops::flash_attention_dkdv_split(*ctx, B, S, nh, nkv, d, fo));
   }
   // The reference outputs: the fp32 tiled kernels (after flash's support was checked).
   forward("tiled");
@@ -234,6 +235,8 @@ forja::cli::CommandRegistration reg{"bench-attention", 82, [](CLI::App& app) {
   cmd->add_option("--flash-kernel", o->flash_kernel, "flash's kernel: automatic, coopmat, emulated, f32");
   cmd->add_option("--block-q", o->block_q, "flash's query rows per tile (0: automatic)");
   cmd->add_option("--block-k", o->block_k, "flash's keys per tile (0: automatic)");
+  cmd->add_option("--dkdv-split", o->dkdv_split,
+                  "flash's dk/dv workgroups per kv head (a divisor of heads / kv-heads; 0: automatic)");
   cmd->add_flag("--packed", o->packed, "Four packed documents per sequence instead of one");
   cmd->add_option("--reps", o->reps, "Timed repetitions (best is reported)")->check(CLI::Range(1, 1000));
   cmd->add_option("--device", o->device, "Vulkan device index");

@@ -21,7 +21,12 @@
 //                      key tile, S^T = K Q^T, dP^T = V dout^T, then dv += P^T dout and
 //                      dk += dS^T q in registers; dk = scale dk. Summing the heads of g inside one
 //                      workgroup makes GQA's reduction deterministic and needs no atomics.
+//                      With pc.parts > 1 the query heads of g are split into that many
+//                      workgroups (more parallelism where S/BC x nkv x B is small), each writing
+//                      a partial dk, dv as kv head g * parts + part of [B*S, nkv * parts, d].
 //                      (q, k, v, seg, lse, dout, D, dk, dv)
+//   flash_sum_parts    dst [T, nkv, d] = the sum over p of src [T, nkv * parts, d] (the partial
+//                      dk or dv), in a fixed order: deterministic. (src, dst; T = pc.seq)
 // The dq kernel runs first (it writes D). Every tile pair with no visible (query, key) pair
 // (beyond the causal limit, or other documents of a packed sequence) is skipped before its
 // tiles are loaded.
@@ -54,8 +59,9 @@
 //! variant flash_bwd_dkdv_nvcm -DBWD_DKDV requires=nv_coopmat
 //! variant flash_bwd_dkdv_emu -DBWD_DKDV -DEMULATE
 //! variant flash_bwd_dkdv_f32 -DBWD_DKDV -DEMULATE -DF32
+//! variant flash_sum_parts -DSUM_PARTS
 #extension GL_EXT_control_flow_attributes : require
-#ifndef EMULATE
+#if !defined(EMULATE) && !defined(SUM_PARTS)
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_memory_scope_semantics : require
@@ -73,7 +79,24 @@ layout(push_constant) uniform PC {
   float scale;
   // Element offsets into the bindings, in binding order (unused ones are 0).
   uint off0, off1, off2, off3, off4, off5, off6, off7, off8;
+  uint parts;  // flash_bwd_dkdv, flash_sum_parts: partial sums over the query heads of a kv head
 } pc;
+
+#if defined(SUM_PARTS)
+layout(set = 0, binding = 0) readonly buffer Src { float src[]; };
+layout(set = 0, binding = 1) writeonly buffer Dst { float dst[]; };
+
+void main() {
+  const uint total = pc.seq * pc.n_kv_heads * pc.head_dim;
+  const uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+  for (uint e = gl_GlobalInvocationID.x; e < total; e += stride) {
+    const uint c = e % pc.head_dim, tg = e / pc.head_dim;  // tg = token * nkv + g
+    float acc = 0.0;
+    for (uint p = 0u; p < pc.parts; ++p) acc += src[pc.off0 + (tg * pc.parts + p) * pc.head_dim + c];
+    dst[pc.off1 + e] = acc;
+  }
+}
+#else
 
 #define NEG (-3.0e38)
 #define NEG_INF_BITS 0xff800000u
@@ -497,7 +520,8 @@ void main() {
   }
 
 #else  // BWD_DKDV
-  const uint k0 = gl_WorkGroupID.x * BC, g = gl_WorkGroupID.y;
+  const uint parts = max(pc.parts, 1u), heads = rep / parts;  // query heads per workgroup
+  const uint k0 = gl_WorkGroupID.x * BC, g = gl_WorkGroupID.y / parts, part = gl_WorkGroupID.y % parts;
   LOAD_TILE(K_OFF, BC, k, pc.off1, pc.n_kv_heads, b, k0, g)
   LOAD_TILE(V_OFF, BC, v, pc.off2, pc.n_kv_heads, b, k0, g)
   LOAD_SEG(sseg_k, BC, b, k0)
@@ -509,7 +533,7 @@ void main() {
   }
   const uint scr = SCR_OFF * 4u + sg * 512u;
   const uint q_start = k0 / BR * BR;  // causal: the first query tile that can see the key tile
-  for (uint h = g * rep; h < (g + 1u) * rep; ++h) {
+  for (uint h = g * rep + part * heads; h < g * rep + (part + 1u) * heads; ++h) {
     for (uint q0 = q_start; q0 < pc.seq; q0 += BR) {
       barrier();
       LOAD_SEG(sseg_q, BR, b, q0)
@@ -575,7 +599,7 @@ void main() {
     for (uint e = 0u; e < 8u; ++e) {
       const uint x = lane + 32u * e, kr = sg * 16u + (x >> 4), jj = k0 + kr, c = f * 16u + (x & 15u);
       if (jj < pc.seq && c < pc.head_dim) {
-        const uint dst = token_row(b, jj, pc.n_kv_heads, g) + c;
+        const uint dst = token_row(b, jj, pc.n_kv_heads * parts, g * parts + part) + c;
         dk[pc.off7 + dst] = pc.scale * w_get(scr + x);
         dv[pc.off8 + dst] = w_get(scr + 256u + x);
       }
@@ -584,3 +608,4 @@ void main() {
   }
 #endif
 }
+#endif  // !SUM_PARTS

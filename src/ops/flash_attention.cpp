@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/pipeline.h"
@@ -18,6 +19,7 @@ struct FlashPush {
   uint32_t seq, n_heads, n_kv_heads, head_dim;
   float scale;
   uint32_t off[9];  // element offsets, in binding order
+  uint32_t parts;   // the dk/dv kernel's split of a kv head's query heads
 };
 
 enum class Pass { fwd, dq, dkdv };
@@ -158,6 +160,24 @@ bool flash_attention_supports(const gpu::Context& ctx, uint32_t head_dim, const 
   return unsupported(ctx, head_dim, options, nullptr).empty();
 }
 
+uint32_t flash_attention_dkdv_split(const gpu::Context& ctx, uint32_t batch, uint32_t seq, uint32_t n_heads,
+                                    uint32_t n_kv_heads, uint32_t head_dim, const FlashAttentionOptions& o) {
+  const uint32_t rep = n_kv_heads ? n_heads / n_kv_heads : 1;
+  if (o.dkdv_head_split != 0) {
+    if (rep % o.dkdv_head_split != 0)
+      throw std::invalid_argument("flash attention: dkdv_head_split " + std::to_string(o.dkdv_head_split) +
+                                  " does not divide the " + std::to_string(rep) + " query heads per kv head");
+    return o.dkdv_head_split;
+  }
+  const uint32_t cu = ctx.info().compute_units;
+  if (cu == 0) return 1;
+  const uint32_t bc = flash_attention_tiles(ctx, head_dim, o).dkdv_k;
+  const uint64_t groups = uint64_t((seq + bc - 1) / bc) * n_kv_heads * batch;
+  for (uint32_t p = 1; p < rep; ++p)
+    if (rep % p == 0 && groups * p >= 8ull * cu) return p;
+  return rep;
+}
+
 FlashTiles flash_attention_tiles(const gpu::Context& ctx, uint32_t head_dim, const FlashAttentionOptions& options) {
   FlashTiles t;
   const std::string why = unsupported(ctx, head_dim, options, &t);
@@ -189,7 +209,8 @@ void flash_attention_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu:
     const Bound bo = bind_elements(ctx, out, b0 * m.q_seq(), nb * m.q_seq());
     const Bound bl = bind_elements(ctx, lse, b0 * m.stat_seq(), nb * m.stat_seq());
     const FlashPush push{seq, n_heads, n_kv_heads, head_dim, scale,
-                         {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, 0, 0, 0}};
+                         {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, 0, 0, 0},
+                         1};
     // Causal: about half of the S x S scores, each a d-long dot in QK^T and in PV.
     const double flops = 2.0 * 2.0 * nb * n_heads * (0.5 * seq * (seq + 1.0)) * head_dim;
     ctx.dispatch(p,
@@ -223,6 +244,15 @@ void flash_attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu
   // D_i = dout_i . out_i per (sequence, head, query), written by the dq kernel, read by dkdv.
   gpu::Buffer drow = ctx.alloc(m.stat_seq() * batch * 4, "flash attention D");
   const uint32_t per = sequences_per_dispatch(ctx, op, m);
+  // With a head split, partial dk and dv [B*S, nkv * parts, d] for one dispatch's sequences (no
+  // larger per sequence than q, so within the binding limit sequences_per_dispatch checked).
+  const uint32_t parts = flash_attention_dkdv_split(ctx, batch, seq, n_heads, n_kv_heads, head_dim, o);
+  const uint64_t part_seq = m.kv_seq() * parts;
+  gpu::Buffer dk_parts, dv_parts;
+  if (parts > 1) {
+    dk_parts = ctx.alloc(part_seq * std::min(per, batch) * 4, "flash attention partial dk");
+    dv_parts = ctx.alloc(part_seq * std::min(per, batch) * 4, "flash attention partial dv");
+  }
   for (uint32_t b0 = 0; b0 < batch; b0 += per) {
     const uint32_t nb = std::min(per, batch - b0);
     const Bound bq = bind_elements(ctx, q, b0 * m.q_seq(), nb * m.q_seq());
@@ -242,7 +272,8 @@ void flash_attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu
 
     const FlashPush push_dq{
         seq, n_heads, n_kv_heads, head_dim, scale,
-        {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, bdo.offset, bdq.offset, bd.offset}};
+        {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, bdo.offset, bdq.offset, bd.offset},
+        1};
     ctx.dispatch(pdq,
                  {{bq.buffer, gpu::Access::read},
                   {bk.buffer, gpu::Access::read},
@@ -255,9 +286,12 @@ void flash_attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu
                   {bd.buffer, gpu::Access::write}},
                  push_dq, (seq + tq.q - 1) / tq.q, n_heads, nb, "flash_attention_backward_dq", 3 * product);
 
+    const Bound bdk_out = parts > 1 ? bind_elements(ctx, dk_parts, 0, nb * part_seq) : bdk;
+    const Bound bdv_out = parts > 1 ? bind_elements(ctx, dv_parts, 0, nb * part_seq) : bdv;
     const FlashPush push_kv{
         seq, n_heads, n_kv_heads, head_dim, scale,
-        {bq.offset, bk.offset, bv.offset, bs.offset, bl.offset, bdo.offset, bd.offset, bdk.offset, bdv.offset}};
+        {bq.offset, bk.offset, bv.offset, bs.offset, bl.offset, bdo.offset, bd.offset, bdk_out.offset, bdv_out.offset},
+        parts};
     ctx.dispatch(pkv,
                  {{bq.buffer, gpu::Access::read},
                   {bk.buffer, gpu::Access::read},
@@ -266,11 +300,26 @@ void flash_attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu
                   {bl.buffer, gpu::Access::read},
                   {bdo.buffer, gpu::Access::read},
                   {bd.buffer, gpu::Access::read},
-                  {bdk.buffer, gpu::Access::write},
-                  {bdv.buffer, gpu::Access::write}},
-                 push_kv, (seq + tkv.k - 1) / tkv.k, n_kv_heads, nb, "flash_attention_backward_dkdv", 4 * product);
+                  {bdk_out.buffer, gpu::Access::write},
+                  {bdv_out.buffer, gpu::Access::write}},
+                 push_kv, (seq + tkv.k - 1) / tkv.k, n_kv_heads * parts, nb, "flash_attention_backward_dkdv",
+                 4 * product);
+    if (parts > 1) {
+      const uint64_t count = nb * m.kv_seq();
+      const uint32_t groups = static_cast<uint32_t>(std::clamp<uint64_t>((count + 255) / 256, 1, 65535));
+      const auto& psum = ctx.pipelines().get("flash_sum_parts", 2, sizeof(FlashPush), {256});
+      for (const auto& [src, dst] : {std::pair{bdk_out, bdk}, std::pair{bdv_out, bdv}}) {
+        const FlashPush push_sum{nb * seq, n_heads, n_kv_heads, head_dim, scale, {src.offset, dst.offset}, parts};
+        ctx.dispatch(psum, {{src.buffer, gpu::Access::read}, {dst.buffer, gpu::Access::write}}, push_sum, groups, 1, 1,
+                     "flash_attention_sum_parts");
+      }
+    }
   }
   ctx.free(drow);
+  if (parts > 1) {
+    ctx.free(dk_parts);
+    ctx.free(dv_parts);
+  }
 }
 
 }  // namespace forja::ops

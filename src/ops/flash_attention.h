@@ -39,6 +39,12 @@ struct FlashAttentionOptions {
   // Query rows and keys per tile (multiples of 16) for all three kernels; 0 = per kernel, the
   // largest of its candidates that fits the device's shared memory.
   uint32_t block_q = 0, block_k = 0;
+  // The dk/dv kernel's workgroups per kv head: 1 sums all its query heads in one workgroup; n
+  // (a divisor of n_heads / n_kv_heads) gives each workgroup n_heads / n_kv_heads / n of them,
+  // writing partial dk, dv that a second kernel sums (deterministic either way; scratch of
+  // 2 x B x S x n_kv_heads x n x d fp32). 0 = automatic: the smallest n that gives at least 8
+  // workgroups per compute unit, 1 where the device does not say how many it has.
+  uint32_t dkdv_head_split = 0;
 };
 
 // The tiles (query rows, keys) each kernel runs with.
@@ -56,13 +62,19 @@ bool flash_attention_supports(const gpu::Context& ctx, uint32_t head_dim, const 
 // The tiles for head_dim; throws std::invalid_argument (saying why) where it is not supported.
 FlashTiles flash_attention_tiles(const gpu::Context& ctx, uint32_t head_dim, const FlashAttentionOptions& options = {});
 
+// The dk/dv kernel's workgroups per kv head for this shape (FlashAttentionOptions::dkdv_head_split
+// resolved); throws std::invalid_argument when a forced split does not divide nh / nkv.
+uint32_t flash_attention_dkdv_split(const gpu::Context& ctx, uint32_t batch, uint32_t seq, uint32_t n_heads,
+                                    uint32_t n_kv_heads, uint32_t head_dim, const FlashAttentionOptions& options = {});
+
 void flash_attention_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
                              const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
                              uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
                              float scale, const FlashAttentionOptions& options = {});
 
 // Two dispatches: flash_bwd_dq (dq, and D = rowsum(dout * out) into a scratch [B, nh, S]), then
-// flash_bwd_dkdv (dk, dv per key tile, summing the query heads of each kv head).
+// flash_bwd_dkdv (dk, dv per key tile, summing the query heads of each kv head); with a head
+// split (FlashAttentionOptions::dkdv_head_split) two more that sum its partial dk and dv.
 void flash_attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
                               const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
                               const gpu::Buffer& dout, const gpu::Buffer& dq, const gpu::Buffer& dk,

@@ -44,7 +44,8 @@ struct Shape {
 
 std::string options_name(const FlashAttentionOptions& o) {
   return ops::flash_kernel_name(o.kernel) + " tiles " +
-         (o.block_q ? std::to_string(o.block_q) + "x" + std::to_string(o.block_k) : std::string("automatic"));
+         (o.block_q ? std::to_string(o.block_q) + "x" + std::to_string(o.block_k) : std::string("automatic")) +
+         (o.dkdv_head_split ? " dkdv split " + std::to_string(o.dkdv_head_split) : std::string());
 }
 
 float round_f16(float x) { return io::f16_to_float(io::float_to_f16(x)); }
@@ -184,11 +185,20 @@ TEST_F(FlashAttentionTest, EmulatedCoopmatSmallTilesMatchReference) {
     check_both_masks(s, {FlashKernel::coopmat_emulated, 16, 16});
 }
 
+// The dk/dv kernel with a kv head's query heads split over several workgroups (partial dk, dv
+// summed by flash_sum_parts): 6/1 heads in 3 and 6 parts, 4/2 in 2.
+TEST_F(FlashAttentionTest, DkdvHeadSplitMatchesReference) {
+  for (uint32_t parts : {3u, 6u}) check_both_masks({2, 37, 6, 1, 64}, {FlashKernel::coopmat_emulated, 0, 0, parts});
+  check_both_masks({1, 130, 4, 2, 128}, {FlashKernel::coopmat_emulated, 0, 0, 2});
+  check({2, 37, 6, 1, 32}, packed_segments({2, 37, 6, 1, 32}, rng_), {FlashKernel::f32, 0, 0, 2});
+}
+
 // The real cooperative-matrix kernels, where the device has them (NVIDIA).
 TEST_F(FlashAttentionTest, CoopmatMatchesReference) {
   if (!ops::flash_attention_coopmat_available(ctx())) GTEST_SKIP() << "no NV cooperative matrices on this device";
   for (const Shape& s : kShapes) check_both_masks(s, {FlashKernel::coopmat, 0, 0});
   for (const Shape& s : kShapes) check_both_masks(s, {FlashKernel::coopmat, 16, 16});
+  check_both_masks({2, 37, 6, 1, 128}, {FlashKernel::coopmat, 0, 0, 3});
 }
 
 // The backward against central differences of the double reference forward:
@@ -241,17 +251,18 @@ TEST_F(FlashAttentionTest, BackwardMatchesFiniteDifferences) {
   if (std::getenv("FORJA_REF_VERBOSE")) std::fprintf(stderr, "  finite differences: worst rel err %.3g\n", worst);
 }
 
-// Two backward runs give the same bits (no atomics; GQA's sum over heads in a fixed order).
+// Two backward runs give the same bits (no atomics; GQA's sum over heads in a fixed order), with
+// and without a head split of the dk/dv kernel.
 TEST_F(FlashAttentionTest, BackwardIsDeterministic) {
   const Shape s{1, 70, 6, 1, 64};
   const size_t nq = size_t(s.seq) * s.nh * s.d, nkv = size_t(s.seq) * s.nkv * s.d, nstat = size_t(s.seq) * s.nh;
   auto gq = upload(random(nq)), gk = upload(random(nkv)), gv = upload(random(nkv)), gdo = upload(random(nq));
   auto gseg = upload(std::vector<int32_t>(s.seq, 1), 0);
   auto gout = output(nq), glse = output(nstat);
-  const FlashAttentionOptions o{FlashKernel::automatic, 0, 0};
-  ops::flash_attention_forward(ctx(), gq, gk, gv, gseg, gout, glse, 1, s.seq, s.nh, s.nkv, s.d, 0.125f, o);
+  ops::flash_attention_forward(ctx(), gq, gk, gv, gseg, gout, glse, 1, s.seq, s.nh, s.nkv, s.d, 0.125f);
   std::vector<std::vector<float>> runs;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < 4; ++r) {
+    const FlashAttentionOptions o{FlashKernel::automatic, 0, 0, r < 2 ? 1u : 6u};
     auto gdq = output(nq), gdk = output(nkv), gdv = output(nkv);
     ops::flash_attention_backward(ctx(), gq, gk, gv, gseg, gout, glse, gdo, gdq, gdk, gdv, 1, s.seq, s.nh, s.nkv,
                                   s.d, 0.125f, o);
@@ -261,6 +272,7 @@ TEST_F(FlashAttentionTest, BackwardIsDeterministic) {
     runs.push_back(all);
   }
   EXPECT_TRUE(runs[0] == runs[1]);
+  EXPECT_TRUE(runs[2] == runs[3]);
 }
 
 TEST_F(FlashAttentionTest, AllPaddingGivesZeros) {
@@ -291,6 +303,9 @@ TEST_F(FlashAttentionTest, RejectsUnsupportedShapes) {
   EXPECT_FALSE(ops::flash_attention_supports(ctx(), 144));
   EXPECT_FALSE(ops::flash_attention_supports(ctx(), 64, {FlashKernel::coopmat_emulated, 24, 16}));
   EXPECT_TRUE(ops::flash_attention_supports(ctx(), 64, {FlashKernel::coopmat_emulated, 16, 16}));
+  EXPECT_THROW(ops::flash_attention_dkdv_split(ctx(), 1, 64, 6, 1, 64, {FlashKernel::automatic, 0, 0, 4}),
+               std::invalid_argument);
+  EXPECT_EQ(ops::flash_attention_dkdv_split(ctx(), 1, 64, 6, 1, 64, {FlashKernel::automatic, 0, 0, 3}), 3u);
   EXPECT_THROW(ops::flash_attention_forward(ctx(), b, b, b, b, b, b, 1, 4, 3, 2, 16, 1.0f), std::invalid_argument);
   EXPECT_THROW(ops::flash_attention_forward(ctx(), b, b, b, b, b, b, 1, 4, 2, 1, 129, 1.0f), std::invalid_argument);
   EXPECT_THROW(ops::flash_attention_forward(ctx(), b, b, b, b, b, b, 8, 64, 2, 1, 16, 1.0f), std::invalid_argument);
