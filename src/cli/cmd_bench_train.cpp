@@ -33,7 +33,7 @@ namespace {
 using namespace forja;
 
 struct BenchOptions {
-  std::string shape, quant = "nf4", precision = "auto", checkpointing = "on";
+  std::string shape, quant = "nf4", precision = "auto", checkpointing = "on", attention = "automatic";
   int64_t batch = 0, seq_len = 0, lora_rank = 16, steps = 10, warmup = 2;
   double peak_tflops = 0;
   bool json = false;
@@ -155,7 +155,13 @@ int run_bench(BenchOptions o) {
       ls.alpha = 2.0 * double(o.lora_rank);
       model::LoraSet lora(*ctx, c, ls);
       lora.init_peft(o.seed);  // B = 0 as PEFT: the first loss is the base model's
-      model::Transformer tf(*ctx, base, lora, B, S, checkpointing, model::TransformerOptions{precision});
+      model::TransformerOptions to{precision};
+      using Attention = model::TransformerOptions::Attention;
+      to.attention = o.attention == "tiled"  ? Attention::tiled
+                     : o.attention == "gemm" ? Attention::gemm
+                     : o.attention == "flash" ? Attention::flash
+                                             : Attention::automatic;
+      model::Transformer tf(*ctx, base, lora, B, S, checkpointing, to);
       train::OptimizerSettings os;
       os.total_steps = o.warmup + o.steps;
       train::AdamW adamw(*ctx, lora, os);
@@ -203,6 +209,7 @@ int run_bench(BenchOptions o) {
                         {"seq", o.seq_len},
                         {"quant", o.quant},
                         {"precision", o.precision},
+                        {"attention", o.attention},
                         {"rank", o.lora_rank},
                         {"grad_ckpt", checkpointing},
                         {"steps", o.steps},
@@ -255,6 +262,10 @@ forja::cli::CommandRegistration reg{"bench", 80, [](CLI::App& app) {
       ->check(CLI::IsMember({"nf4", "none"}));
   cmd->add_option("--precision", o->precision, "fp32, mixed or auto (mixed where matrix cores exist)")
       ->check(CLI::IsMember({"auto", "fp32", "mixed"}));
+  cmd->add_option("--attention", o->attention,
+                  "Attention implementation: automatic, tiled (fp32 kernels), gemm (through the GEMMs; mixed), "
+                  "flash (fused kernels)")
+      ->check(CLI::IsMember({"automatic", "tiled", "gemm", "flash"}));
   cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank on all seven projections");
   cmd->add_option("--grad-checkpointing", o->checkpointing, "Activation checkpointing: on or off")
       ->check(CLI::IsMember({"on", "off"}));

@@ -11,6 +11,7 @@
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
+#include "ops/flash_attention.h"
 #include "ops/gemm.h"
 #include "ops/nf4.h"
 #include "ops/rmsnorm.h"
@@ -29,6 +30,31 @@ namespace {
 GemmShape lora_product(GemmShape s, const char* op) {
   s.op = op;
   return s;
+}
+
+using Attention = TransformerOptions::Attention;
+
+// TransformerOptions::attention made concrete for this device and head_dim (transformer.h); sets
+// flash_kernel to the kernel flash attention runs.
+Attention resolve_attention(const gpu::Context& ctx, const TransformerOptions& o, uint32_t head_dim,
+                            ops::FlashKernel& flash_kernel) {
+  const bool mixed = o.precision == Precision::mixed;
+  if (o.attention == Attention::tiled || (o.attention == Attention::automatic && !mixed)) return Attention::tiled;
+  if (o.attention == Attention::gemm) return Attention::gemm;
+  if (o.attention == Attention::flash) {
+    flash_kernel = !mixed ? ops::FlashKernel::f32
+                   : o.base_kernel == ops::GemmKernel::coopmat_emulated ? ops::FlashKernel::coopmat_emulated
+                                                                        : ops::FlashKernel::automatic;
+    ops::flash_attention_tiles(ctx, head_dim, {flash_kernel});  // throws, saying why, where it cannot run
+    return Attention::flash;
+  }
+  // automatic in mixed
+  flash_kernel = ops::FlashKernel::coopmat;
+  const bool base_coopmat = o.base_kernel == ops::GemmKernel::automatic || o.base_kernel == ops::GemmKernel::coopmat;
+  if (base_coopmat && !gpu::env_flag("FORJA_NO_FLASH") && ops::flash_attention_coopmat_available(ctx) &&
+      ops::flash_attention_supports(ctx, head_dim, {flash_kernel}))
+    return Attention::flash;
+  return Attention::gemm;
 }
 }  // namespace
 
@@ -82,10 +108,9 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   if (options.precision == Precision::fp32 && options.base_kernel != ops::GemmKernel::automatic &&
       options.base_kernel != ops::GemmKernel::scalar)
     throw std::logic_error("Transformer: fp32 precision runs the scalar kernels only");
-  using Attention = TransformerOptions::Attention;
   if (options.precision == Precision::fp32 && options.attention == Attention::gemm)
     throw std::logic_error("Transformer: attention through the GEMM kernels is for mixed precision only");
-  attention_gemm_ = options.precision == Precision::mixed && options.attention != Attention::tiled;
+  attention_ = resolve_attention(ctx, options, static_cast<uint32_t>(c_.head_dim), flash_kernel_);
   using Nf4Products = TransformerOptions::Nf4Products;
   const bool dequantize = options.precision == Precision::mixed && options.nf4_products != Nf4Products::fused;
   if (dequantize) {
@@ -361,7 +386,10 @@ void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a,
   ops::rope_forward(ctx_, a.q, positions_, base_.inv_freq, T, nh, d);
   ops::rope_forward(ctx_, a.k, positions_, base_.inv_freq, T, nkv, d);
   const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
-  if (attention_gemm_)
+  if (attention_ == Attention::flash)
+    ops::flash_attention_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d, scale,
+                                 {flash_kernel_});
+  else if (attention_ == Attention::gemm)
     ops::attention_gemm_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d, scale,
                                 {options_.base_kernel});
   else
@@ -404,7 +432,10 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
   // Attention: x2 = x + o_proj(att)
   linear_backward(i, K::O, a.att, a.t, dx, g.datt, false);
   const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
-  if (attention_gemm_)
+  if (attention_ == Attention::flash)
+    ops::flash_attention_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_,
+                                  seq_, nh, nkv, d, scale, {flash_kernel_});
+  else if (attention_ == Attention::gemm)
     ops::attention_gemm_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_,
                                  nh, nkv, d, scale, {options_.base_kernel});
   else

@@ -23,6 +23,7 @@
 #include "model/base_weights.h"
 #include "model/lora.h"
 #include "model/precision.h"
+#include "ops/flash_attention.h"
 
 namespace forja::model {
 
@@ -43,8 +44,12 @@ struct TransformerOptions {
   Nf4Products nf4_products = Nf4Products::automatic;
   // Attention's implementation. tiled: the fp32 flash-style kernels (ops/attention.h). gemm: the
   // products through the GEMM kernels with fp16 operands, in query chunks (ops/attention_gemm.h),
-  // with base_kernel; mixed only. automatic: gemm in mixed, tiled in fp32.
-  enum class Attention { automatic, tiled, gemm };
+  // with base_kernel; mixed only. flash: the fused FlashAttention-2 kernels (ops/flash_attention.h):
+  // in mixed on cooperative matrices (base_kernel coopmat_emulated: their emulation; a device
+  // without them: the emulation too), in fp32 the fp32 variant; head_dim up to 128. automatic: in mixed, flash where the device has cooperative matrices and the head_dim
+  // suits it (and base_kernel is automatic or coopmat), else gemm; tiled in fp32.
+  // FORJA_NO_FLASH=1 makes automatic choose gemm (debugging, comparisons).
+  enum class Attention { automatic, tiled, gemm, flash };
   Attention attention = Attention::automatic;
   // Mixed only: each base product's fp32 input (x forward, dy backward) is first rounded into an
   // fp16 copy (one scratch as large as the widest input), so the GEMM stages half the bytes;
@@ -133,7 +138,10 @@ class Transformer {
   bool checkpointing_ = false;
   TransformerOptions options_;
   ops::DType base_operands_ = ops::DType::f32;  // the operand precision of the NF4 products
-  bool attention_gemm_ = false;  // attention through ops/attention_gemm.h (TransformerOptions::attention)
+  // The implementation TransformerOptions::attention resolved to (never automatic), and the
+  // kernel flash runs.
+  TransformerOptions::Attention attention_ = TransformerOptions::Attention::tiled;
+  ops::FlashKernel flash_kernel_ = ops::FlashKernel::automatic;
   gpu::Buffer input16_;  // fp16 copy of a base product's input (TransformerOptions::fp16_input_copies)
   gpu::Buffer input16_source_;  // what input16_ holds a copy of (base_input), and its width
   uint32_t input16_cols_ = 0;

@@ -26,8 +26,8 @@ namespace fs = std::filesystem;
 
 class Parity : public GpuTest, public ::testing::WithParamInterface<std::tuple<std::string, bool>> {};
 
-TEST_P(Parity, LossGradientsAndTwentyStepsMatchPyTorch) {
-  const auto& [name, checkpointing] = GetParam();
+void check_case(gpu::Context& ctx, const std::string& name, bool checkpointing,
+                const model::TransformerOptions& options = {}) {
   const fs::path dir = parity_case_dir(name);
 
   const model::ModelConfig config = model::load_model_config(dir / "model");
@@ -35,22 +35,36 @@ TEST_P(Parity, LossGradientsAndTwentyStepsMatchPyTorch) {
   model::BaseWeightOptions bo;
   bo.quant = model::BaseQuant::none;
   bo.dense_dtype = ops::DType::f32;
-  model::BaseWeights base = model::load_base_weights(ctx(), ck, config, bo);
+  model::BaseWeights base = model::load_base_weights(ctx, ck, config, bo);
 
   const io::Adapter initial = io::load_adapter(dir / "ref" / "initial_adapter", model::lora_target_shapes(config));
-  model::LoraSet lora(ctx(), config, model::LoraSettings::from_peft(initial.config));
+  model::LoraSet lora(ctx, config, model::LoraSettings::from_peft(initial.config));
   lora.load(initial);
 
   const std::vector<model::TokenBatch> batches = read_batches(dir / "batch.json");
   const auto [max_b, max_s] = max_batch_shape(batches);
   {
-    model::Transformer tf(ctx(), base, lora, max_b, max_s, checkpointing);
+    model::Transformer tf(ctx, base, lora, max_b, max_s, checkpointing, options);
     const std::vector<double> losses =
-        train_like_reference(ctx(), tf, lora, batches, read_json(dir / "ref" / "run.json"),
+        train_like_reference(ctx, tf, lora, batches, read_json(dir / "ref" / "run.json"),
                              io::SafetensorsFile::open(dir / "ref" / "step0_grads.safetensors"));
     expect_losses_match(losses, dir / "ref" / "losses.json");
   }
-  model::free_base_weights(ctx(), base);
+  model::free_base_weights(ctx, base);
+}
+
+TEST_P(Parity, LossGradientsAndTwentyStepsMatchPyTorch) {
+  const auto& [name, checkpointing] = GetParam();
+  check_case(ctx(), name, checkpointing);
+}
+
+// The fused flash attention kernels' fp32 variant (ops/flash_attention.h, FlashKernel::f32) in
+// place of the tiled ones, on packed sequences (segment masks), with checkpointing.
+class ParityFlash : public GpuTest {};
+TEST_F(ParityFlash, Qwen2PackedFlashAttentionF32) {
+  model::TransformerOptions o;
+  o.attention = model::TransformerOptions::Attention::flash;
+  check_case(ctx(), "qwen2-packed", true, o);
 }
 
 std::string case_name(const ::testing::TestParamInfo<std::tuple<std::string, bool>>& info) {

@@ -4,8 +4,9 @@
 // losses of 20 AdamW steps and every step-0 LoRA gradient must be within 1e-2 relative; the
 // measured differences are printed ([parity] lines).
 //
-// Attention runs through the GEMM kernels in chunks (ops/attention_gemm.h, automatic in mixed),
-// except in Qwen3TiledAttention, which keeps the fp32 tiled kernels.
+// Attention runs through the GEMM kernels in chunks (ops/attention_gemm.h, automatic in mixed on
+// devices without cooperative matrices; with them automatic is flash), except in
+// Qwen3TiledAttention (the fp32 tiled kernels) and the Flash tests (ops/flash_attention.h).
 // NF4 runs go through automatic's dequantise-to-fp16-then-dense-GEMM path, except Qwen3Nf4Fused
 // and Qwen3Nf4_Emulated, which run the fused NF4 kernels (decode inside the product): the fp16
 // scalar one, and the cooperative-matrix one's emulation (slow on lavapipe). On a device without
@@ -63,6 +64,27 @@ TEST_F(ParityMixed, Qwen3Nf4Fused) {
 TEST_F(ParityMixed, Qwen3TiledAttention) {
   ParityRun r = mixed("qwen3-gqa-bf16", model::BaseQuant::none, ops::GemmKernel::automatic, false);
   r.options.attention = model::TransformerOptions::Attention::tiled;
+  run_parity(ctx(), r);
+}
+
+// The fused flash attention kernels (TransformerOptions::Attention::flash): on cooperative
+// matrices where the device has them, else their emulation (lavapipe); with NF4 and
+// checkpointing (the backward recomputes the layer, attention included).
+TEST_F(ParityMixed, Qwen3FlashAttention) {
+  ParityRun r = mixed("qwen3-gqa-bf16", model::BaseQuant::none, ops::GemmKernel::automatic, false);
+  r.options.attention = model::TransformerOptions::Attention::flash;
+  run_parity(ctx(), r);
+}
+
+TEST_F(ParityMixed, Qwen2PackedFlashAttention) {
+  ParityRun r = mixed("qwen2-packed", model::BaseQuant::none, ops::GemmKernel::automatic, false);
+  r.options.attention = model::TransformerOptions::Attention::flash;
+  run_parity(ctx(), r);
+}
+
+TEST_F(ParityMixed, Qwen3Nf4FlashAttentionCheckpointing) {
+  ParityRun r = mixed("qwen3-gqa-bf16", model::BaseQuant::nf4, ops::GemmKernel::automatic, true);
+  r.options.attention = model::TransformerOptions::Attention::flash;
   run_parity(ctx(), r);
 }
 

@@ -1,0 +1,249 @@
+// forja bench attention: speed of the causal attention implementations, forward and backward
+// alone, at one shape (default: one sequence of 2048 tokens, 32 query heads, 8 kv heads, head_dim
+// 128, the issue-14 shape): flash (ops/flash_attention.h, on cooperative matrices where present),
+// gemm (ops/attention_gemm.h) and tiled (ops/attention.h, fp32). Wall clock over back-to-back
+// calls after a warm-up, best of several repetitions; TFLOP/s count the causal half of the
+// products as FlashAttention-2 does: forward 2, backward 5 products of 2 B nh (S(S+1)/2) d.
+//
+// Checks, so that a fast wrong kernel cannot report a number: sampled forward rows against a
+// CPU double-precision computation, and every output (out, lse, dq, dk, dv) of each
+// implementation against the fp32 tiled kernels (max |a - b| / max |b| per tensor).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <random>
+#include <sstream>
+
+#include "cli/command.h"
+#include "gpu/context.h"
+#include "ops/attention.h"
+#include "ops/attention_gemm.h"
+#include "ops/flash_attention.h"
+#include "util/error.h"
+
+namespace {
+
+using namespace forja;
+
+struct AttnBenchOptions {
+  uint32_t batch = 1, seq = 2048, heads = 32, kv_heads = 8, head_dim = 128;
+  uint32_t block_q = 0, block_k = 0, dkdv_split = 0;
+  int reps = 5, device = -1;
+  std::string impls = "flash,gemm,tiled", flash_kernel = "automatic";
+  bool packed = false;
+};
+
+struct Buffers {
+  gpu::Buffer q, k, v, seg, out, lse, dout, dq, dk, dv;
+};
+
+struct Outputs {
+  std::vector<float> out, lse, dq, dk, dv;
+};
+
+ops::FlashKernel parse_flash_kernel(const std::string& s) {
+  if (s == "automatic") return ops::FlashKernel::automatic;
+  if (s == "coopmat") return ops::FlashKernel::coopmat;
+  if (s == "emulated") return ops::FlashKernel::coopmat_emulated;
+  if (s == "f32") return ops::FlashKernel::f32;
+  throw UserError("--flash-kernel: '" + s + "' is not automatic, coopmat, emulated or f32");
+}
+
+// max |a - b| / max |b| over finite entries (lse of padding rows is -inf in both).
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isinf(b[i]) && a[i] == b[i]) continue;
+    num = std::max(num, std::abs(double(a[i]) - b[i]));
+    if (std::isfinite(b[i])) den = std::max(den, std::abs(double(b[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+
+int run(const AttnBenchOptions& o) {
+  auto ctx = gpu::Context::create(o.device);
+  const uint32_t B = o.batch, S = o.seq, nh = o.heads, nkv = o.kv_heads, d = o.head_dim;
+  if (B == 0 || S == 0 || nh == 0 || nkv == 0 || d == 0 || nh % nkv != 0)
+    throw UserError("bench attention: --batch, --seq-len, --heads, --kv-heads, --head-dim must be positive and "
+                    "--heads a multiple of --kv-heads");
+  const uint64_t nq = uint64_t(B) * S * nh * d, nkvv = uint64_t(B) * S * nkv * d, nstat = uint64_t(B) * S * nh;
+  const float scale = 1.0f / std::sqrt(float(d));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto random = [&](uint64_t n) {
+    std::vector<float> x(n);
+    for (auto& e : x) e = normal(rng);
+    return x;
+  };
+  const std::vector<float> q = random(nq), k = random(nkvv), v = random(nkvv), dout = random(nq);
+  // --packed: four documents per sequence (the masks of packing); else one causal sequence.
+  std::vector<int32_t> seg(uint64_t(B) * S, 1);
+  if (o.packed)
+    for (uint64_t i = 0; i < seg.size(); ++i) seg[i] = 1 + int32_t((i % S) * 4 / S);
+  Buffers g;
+  auto alloc = [&](uint64_t n) { return ctx->alloc(n * 4); };
+  g.q = alloc(nq), g.k = alloc(nkvv), g.v = alloc(nkvv), g.seg = alloc(seg.size()), g.dout = alloc(nq);
+  g.out = alloc(nq), g.lse = alloc(nstat), g.dq = alloc(nq), g.dk = alloc(nkvv), g.dv = alloc(nkvv);
+  ctx->upload(g.q, q), ctx->upload(g.k, k), ctx->upload(g.v, v), ctx->upload(g.seg, seg), ctx->upload(g.dout, dout);
+
+  ops::FlashAttentionOptions fo{parse_flash_kernel(o.flash_kernel), o.block_q, o.block_k, o.dkdv_split};
+  std::vector<std::string> impls;
+  {
+    std::stringstream ss(o.impls);
+    std::string item;
+    while (std::getline(ss, item, ','))
+      if (item == "flash" || item == "gemm" || item == "tiled")
+        impls.push_back(item);
+      else
+        throw UserError("--impl: '" + item + "' is not flash, gemm or tiled");
+  }
+  auto forward = [&](const std::string& impl) {
+    if (impl == "flash")
+      ops::flash_attention_forward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, B, S, nh, nkv, d, scale, fo);
+    else if (impl == "gemm")
+      ops::attention_gemm_forward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, B, S, nh, nkv, d, scale);
+    else
+      ops::attention_forward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, B, S, nh, nkv, d, scale);
+  };
+  auto backward = [&](const std::string& impl) {
+    if (impl == "flash")
+      ops::flash_attention_backward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, g.dout, g.dq, g.dk, g.dv, B, S, nh, nkv,
+                                    d, scale, fo);
+    else if (impl == "gemm")
+      ops::attention_gemm_backward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, g.dout, g.dq, g.dk, g.dv, B, S, nh, nkv,
+                                   d, scale);
+    else
+      ops::attention_backward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, g.dout, g.dq, g.dk, g.dv, B, S, nh, nkv, d,
+                              scale);
+  };
+  auto outputs = [&] {
+    return Outputs{ctx->download<float>(g.out, nq), ctx->download<float>(g.lse, nstat),
+                   ctx->download<float>(g.dq, nq), ctx->download<float>(g.dk, nkvv), ctx->download<float>(g.dv, nkvv)};
+  };
+  // Best seconds per call of f.
+  using clock = std::chrono::steady_clock;
+  auto seconds_since = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); };
+  auto time = [&](const std::function<void()>& f) {
+    const auto warm0 = clock::now();
+    int warm = 0;
+    while (seconds_since(warm0) < 0.3 || warm < 2) {
+      f();
+      ctx->finish();
+      ++warm;
+    }
+    const int n = std::max(1, static_cast<int>(0.05 / (seconds_since(warm0) / warm)) + 1);
+    double best = std::numeric_limits<double>::infinity();
+    for (int r = 0; r < o.reps; ++r) {
+      const auto t0 = clock::now();
+      for (int i = 0; i < n; ++i) f();
+      ctx->finish();
+      best = std::min(best, seconds_since(t0) / n);
+    }
+    return best;
+  };
+
+  const double product = 2.0 * B * nh * (0.5 * S * (S + 1.0)) * d;
+  std::printf("forja bench attention on %s: B %u, S %u, %u query heads, %u kv heads, head_dim %u, %s\n",
+              ctx->info().name.c_str(), B, S, nh, nkv, d, o.packed ? "4 packed documents per sequence" : "causal");
+  if (std::find(impls.begin(), impls.end(), "flash") != impls.end()) {
+    ops::FlashTiles t;
+    try {
+      t = ops::flash_attention_tiles(*ctx, d, fo);
+    } catch (const std::invalid_argument& e) {
+      throw UserError(std::string("bench attention: ") + e.what() + "; pick another --flash-kernel, --head-dim or "
+                      "--impl");
+    }
+    std::printf("flash: kernel %s, tiles (queries x keys) forward %ux%u, dq %ux%u, dk/dv %ux%u, dk/dv workgroups "
+                "per kv head %u\n",
+                ops::flash_kernel_name(ops::flash_kernel_for(*ctx, fo.kernel)).c_str(), t.fwd_q, t.fwd_k, t.dq_q,
+                t.dq_k, t.dkdv_q, t.dkdv_k, ops::flash_attention_dkdv_split(*ctx, B, S, nh, nkv, d, fo));
+  }
+  // The reference outputs: the fp32 tiled kernels (after flash's support was checked).
+  forward("tiled");
+  backward("tiled");
+  ctx->finish();
+  const Outputs want = outputs();
+
+  std::printf("TFLOP/s count causal products: forward 2, backward 5 (recomputation not counted)\n");
+  std::printf("%-6s %10s %8s %10s %8s %10s %8s  %s\n", "impl", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "f+b ms",
+              "TFLOP/s", "max rel diff to tiled fp32 (out lse dq dk dv)");
+  bool all_ok = true;
+  for (const std::string& impl : impls) {
+    forward(impl);
+    backward(impl);
+    ctx->finish();
+    const Outputs got = outputs();
+    const double diffs[5] = {rel_diff(got.out, want.out), rel_diff(got.lse, want.lse), rel_diff(got.dq, want.dq),
+                             rel_diff(got.dk, want.dk), rel_diff(got.dv, want.dv)};
+    // fp16 operands (flash, gemm) against fp32: ~1e-3 expected; a masking or tiling error is O(1).
+    bool ok = true;
+    for (double x : diffs) ok = ok && x < 2e-2;
+    // Sampled forward rows against a double-precision CPU computation.
+    std::uniform_int_distribution<uint32_t> pick_row(0, S - 1), pick_head(0, nh - 1), pick_b(0, B - 1);
+    for (int sample = 0; sample < 8; ++sample) {
+      const uint32_t b = pick_b(rng), i = pick_row(rng), h = pick_head(rng), gkv = h / (nh / nkv);
+      const int32_t si = seg[uint64_t(b) * S + i];
+      std::vector<double> s(i + 1, -std::numeric_limits<double>::infinity());
+      double mx = -std::numeric_limits<double>::infinity();
+      for (uint32_t j = 0; j <= i; ++j) {
+        if (seg[uint64_t(b) * S + j] != si) continue;
+        double dot = 0;
+        for (uint32_t c = 0; c < d; ++c)
+          dot += double(q[((uint64_t(b) * S + i) * nh + h) * d + c]) * k[((uint64_t(b) * S + j) * nkv + gkv) * d + c];
+        s[j] = scale * dot;
+        mx = std::max(mx, s[j]);
+      }
+      double l = 0;
+      std::vector<double> row(d, 0.0);
+      for (uint32_t j = 0; j <= i; ++j) {
+        if (std::isinf(s[j])) continue;
+        const double p = std::exp(s[j] - mx);
+        l += p;
+        for (uint32_t c = 0; c < d; ++c) row[c] += p * v[((uint64_t(b) * S + j) * nkv + gkv) * d + c];
+      }
+      for (uint32_t c = 0; c < d; ++c)
+        if (std::abs(got.out[((uint64_t(b) * S + i) * nh + h) * d + c] - row[c] / l) > 2e-2) ok = false;
+    }
+    const double f = time([&] { forward(impl); });
+    const double bw = time([&] { backward(impl); });
+    std::printf("%-6s %10.3f %8.1f %10.3f %8.1f %10.3f %8.1f  %.1e %.1e %.1e %.1e %.1e %s\n", impl.c_str(), f * 1e3,
+                2 * product / f * 1e-12, bw * 1e3, 5 * product / bw * 1e-12, (f + bw) * 1e3,
+                7 * product / (f + bw) * 1e-12, diffs[0], diffs[1], diffs[2], diffs[3], diffs[4],
+                ok ? "ok" : "WRONG");
+    std::fflush(stdout);
+    all_ok = all_ok && ok;
+  }
+  for (const gpu::Buffer& b : {g.q, g.k, g.v, g.seg, g.out, g.lse, g.dout, g.dq, g.dk, g.dv}) ctx->free(b);
+  return all_ok ? 0 : 1;
+}
+
+// A subcommand of `bench`, which cmd_bench_train.cpp registers (order 80, set up before this).
+forja::cli::CommandRegistration reg{"bench-attention", 82, [](CLI::App& app) {
+  CLI::App* bench = app.get_subcommand("bench");
+  auto* cmd = bench->add_subcommand("attention", "Causal attention forward/backward throughput (TFLOP/s) "
+                                                 "of flash, gemm and tiled");
+  auto o = std::make_shared<AttnBenchOptions>();
+  cmd->add_option("--batch", o->batch, "Sequences")->check(CLI::Range(1u, 65535u));
+  cmd->add_option("--seq-len", o->seq, "Tokens per sequence")->check(CLI::Range(1u, 1u << 20));
+  cmd->add_option("--heads", o->heads, "Query heads");
+  cmd->add_option("--kv-heads", o->kv_heads, "Key/value heads");
+  cmd->add_option("--head-dim", o->head_dim, "Head dimension");
+  cmd->add_option("--impl", o->impls, "Comma-separated implementations: flash, gemm, tiled");
+  cmd->add_option("--flash-kernel", o->flash_kernel, "flash's kernel: automatic, coopmat, emulated, f32");
+  cmd->add_option("--block-q", o->block_q, "flash's query rows per tile (0: automatic)");
+  cmd->add_option("--block-k", o->block_k, "flash's keys per tile (0: automatic)");
+  cmd->add_option("--dkdv-split", o->dkdv_split,
+                  "flash's dk/dv workgroups per kv head (a divisor of heads / kv-heads; 0: automatic)");
+  cmd->add_flag("--packed", o->packed, "Four packed documents per sequence instead of one");
+  cmd->add_option("--reps", o->reps, "Timed repetitions (best is reported)")->check(CLI::Range(1, 1000));
+  cmd->add_option("--device", o->device, "Vulkan device index");
+  return [o, cmd]() -> int {
+    if (!cmd->parsed()) return -1;
+    return run(*o);
+  };
+}};
+
+}  // namespace
