@@ -56,12 +56,7 @@ void attention_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffe
   const uint32_t per = sequences_per_dispatch(ctx, op, m);
   for (uint32_t b0 = 0; b0 < batch; b0 += per) {
     const uint32_t nb = std::min(per, batch - b0);
-    const Bound bq = bind_elements(ctx, q, b0 * m.q_seq(), nb * m.q_seq());
-    const Bound bk = bind_elements(ctx, k, b0 * m.kv_seq(), nb * m.kv_seq());
-    const Bound bv = bind_elements(ctx, v, b0 * m.kv_seq(), nb * m.kv_seq());
-    const Bound bs = bind_elements(ctx, segments, uint64_t(b0) * seq, uint64_t(nb) * seq);
-    const Bound bo = bind_elements(ctx, out, b0 * m.q_seq(), nb * m.q_seq());
-    const Bound bl = bind_elements(ctx, lse, b0 * m.stat_seq(), nb * m.stat_seq());
+    const auto [bq, bk, bv, bs, bo, bl] = bind_attention(ctx, m, b0, nb, q, k, v, segments, out, lse);
     const AttnPush push{seq,      n_heads, n_kv_heads,
                         head_dim, scale,   {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, 0, 0, 0}};
     // Causal: about half of the S x S scores, each a d-long dot in QK^T and in PV.
@@ -98,17 +93,8 @@ void attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buff
   // forms P^T dout and dS^T q: 7 causal-half products in all.
   for (uint32_t b0 = 0; b0 < batch; b0 += per) {
     const uint32_t nb = std::min(per, batch - b0);
-    const Bound bq = bind_elements(ctx, q, b0 * m.q_seq(), nb * m.q_seq());
-    const Bound bk = bind_elements(ctx, k, b0 * m.kv_seq(), nb * m.kv_seq());
-    const Bound bv = bind_elements(ctx, v, b0 * m.kv_seq(), nb * m.kv_seq());
-    const Bound bs = bind_elements(ctx, segments, uint64_t(b0) * seq, uint64_t(nb) * seq);
-    const Bound bo = bind_elements(ctx, out, b0 * m.q_seq(), nb * m.q_seq());
-    const Bound bl = bind_elements(ctx, lse, b0 * m.stat_seq(), nb * m.stat_seq());
-    const Bound bdo = bind_elements(ctx, dout, b0 * m.q_seq(), nb * m.q_seq());
-    const Bound bdq = bind_elements(ctx, dq, b0 * m.q_seq(), nb * m.q_seq());
-    const Bound bdk = bind_elements(ctx, dk, b0 * m.kv_seq(), nb * m.kv_seq());
-    const Bound bdv = bind_elements(ctx, dv, b0 * m.kv_seq(), nb * m.kv_seq());
-    const Bound bd = bind_elements(ctx, drow, b0 * m.stat_seq(), nb * m.stat_seq());
+    const auto [bq, bk, bv, bs, bo, bl] = bind_attention(ctx, m, b0, nb, q, k, v, segments, out, lse);
+    const auto [bdo, bdq, bdk, bdv, bd] = bind_attention_grads(ctx, m, b0, nb, dout, dq, dk, dv, drow);
     const double product = 2.0 * nb * n_heads * (0.5 * seq * (seq + 1.0)) * head_dim;
 
     const AttnPush push_dq{

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "gpu/context.h"
+#include "ops/chunking.h"
 
 namespace forja::ops {
 
@@ -49,6 +50,35 @@ inline void check_attention_gradients(const char* op, const AttentionDims& m, co
   check_attention_buffer(op, "dq", dq, m.q_seq() * m.batch);
   check_attention_buffer(op, "dk", dk, m.kv_seq() * m.batch);
   check_attention_buffer(op, "dv", dv, m.kv_seq() * m.batch);
+}
+
+// The operands of sequences [b0, b0 + nb) as bindings (one dispatch's group of sequences).
+struct AttentionBindings {
+  Bound q, k, v, segments, out, lse;
+};
+inline AttentionBindings bind_attention(const gpu::Context& ctx, const AttentionDims& m, uint32_t b0, uint32_t nb,
+                                        const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
+                                        const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse) {
+  return {bind_elements(ctx, q, b0 * m.q_seq(), nb * m.q_seq()),
+          bind_elements(ctx, k, b0 * m.kv_seq(), nb * m.kv_seq()),
+          bind_elements(ctx, v, b0 * m.kv_seq(), nb * m.kv_seq()),
+          bind_elements(ctx, segments, uint64_t(b0) * m.seq, uint64_t(nb) * m.seq),
+          bind_elements(ctx, out, b0 * m.q_seq(), nb * m.q_seq()),
+          bind_elements(ctx, lse, b0 * m.stat_seq(), nb * m.stat_seq())};
+}
+// The backward's: dout, dq, dk, dv and the per-row statistic D = rowsum(dout * out).
+struct AttentionGradBindings {
+  Bound dout, dq, dk, dv, drow;
+};
+inline AttentionGradBindings bind_attention_grads(const gpu::Context& ctx, const AttentionDims& m, uint32_t b0,
+                                                  uint32_t nb, const gpu::Buffer& dout, const gpu::Buffer& dq,
+                                                  const gpu::Buffer& dk, const gpu::Buffer& dv,
+                                                  const gpu::Buffer& drow) {
+  return {bind_elements(ctx, dout, b0 * m.q_seq(), nb * m.q_seq()),
+          bind_elements(ctx, dq, b0 * m.q_seq(), nb * m.q_seq()),
+          bind_elements(ctx, dk, b0 * m.kv_seq(), nb * m.kv_seq()),
+          bind_elements(ctx, dv, b0 * m.kv_seq(), nb * m.kv_seq()),
+          bind_elements(ctx, drow, b0 * m.stat_seq(), nb * m.stat_seq())};
 }
 
 }  // namespace forja::ops
