@@ -87,6 +87,31 @@ void tile_of(out uint tm, out uint tn) {
 
 uint row_stride(uint ld) { return ALIGNED != 0u ? (ld & ~7u) : ld; }
 
+// acc += op(A)[m0.., k0..] * op(B)[k0.., n0..] for one K tile (a macro: written out in place,
+// as the probe's kernel is, so nothing stands between the driver and its pipelining).
+#ifdef A_F32
+#define LOAD_A(a)                                                                                   \
+  {                                                                                                 \
+    MAT_A32 a32;                                                                                    \
+    if (TA == 0u) coopMatLoadTensorNV(a32, A, abase, sliceTensorLayoutNV(tA, m0, BM, k0, BK));       \
+    else coopMatLoadTensorNV(a32, A, abase, sliceTensorLayoutNV(tA, k0, BK, m0, BM), swapped);      \
+    a = MAT_A(a32);                                                                                 \
+  }
+#else
+#define LOAD_A(a)                                                                                   \
+  if (TA == 0u) coopMatLoadTensorNV(a, A, abase, sliceTensorLayoutNV(tA, m0, BM, k0, BK));           \
+  else coopMatLoadTensorNV(a, A, abase, sliceTensorLayoutNV(tA, k0, BK, m0, BM), swapped)
+#endif
+#define MULTIPLY_ADD()                                                                              \
+  {                                                                                                 \
+    MAT_A a;                                                                                        \
+    MAT_B b;                                                                                        \
+    LOAD_A(a);                                                                                      \
+    if (TB == 0u) coopMatLoadTensorNV(b, B, bbase, sliceTensorLayoutNV(tB, k0, BK, n0, BN));         \
+    else coopMatLoadTensorNV(b, B, bbase, sliceTensorLayoutNV(tB, n0, BN, k0, BK), swapped);        \
+    acc = coopMatMulAdd(a, b, acc);                                                                 \
+  }
+
 void main() {
   uint tm, tn;
   tile_of(tm, tn);
@@ -109,28 +134,20 @@ void main() {
   tensorViewNV<2, false, 1, 0> swapped = createTensorViewNV(2, false, 1, 0);
 
   MAT_ACC acc = MAT_ACC(0.0);
+  // Whole bodies of UNROLL K tiles without a bounds test (the driver pipelines their loads),
+  // then the remaining K tiles one by one, as the probe's kernel does.
   const uint num_k = (pc.K + BK - 1u) / BK;
+  const uint bodies = num_k / UNROLL;
   uint k0 = 0;
-  for (uint kt = 0; kt < num_k; kt += UNROLL) {
+  for (uint i = 0; i < bodies; ++i) {
     [[unroll]] for (uint u = 0; u < UNROLL; ++u) {
-      if (kt + u < num_k) {
-        MAT_A a;
-        MAT_B b;
-#ifdef A_F32
-        MAT_A32 a32;
-        if (TA == 0u) coopMatLoadTensorNV(a32, A, abase, sliceTensorLayoutNV(tA, m0, BM, k0, BK));
-        else coopMatLoadTensorNV(a32, A, abase, sliceTensorLayoutNV(tA, k0, BK, m0, BM), swapped);
-        a = MAT_A(a32);
-#else
-        if (TA == 0u) coopMatLoadTensorNV(a, A, abase, sliceTensorLayoutNV(tA, m0, BM, k0, BK));
-        else coopMatLoadTensorNV(a, A, abase, sliceTensorLayoutNV(tA, k0, BK, m0, BM), swapped);
-#endif
-        if (TB == 0u) coopMatLoadTensorNV(b, B, bbase, sliceTensorLayoutNV(tB, k0, BK, n0, BN));
-        else coopMatLoadTensorNV(b, B, bbase, sliceTensorLayoutNV(tB, n0, BN, k0, BK), swapped);
-        acc = coopMatMulAdd(a, b, acc);
-        k0 += BK;
-      }
+      MULTIPLY_ADD();
+      k0 += BK;
     }
+  }
+  for (uint i = bodies * UNROLL; i < num_k; ++i) {
+    MULTIPLY_ADD();
+    k0 += BK;
   }
   if (pc.alpha != 1.0) acc = acc * pc.alpha;
   if (pc.beta != 0.0) {

@@ -46,9 +46,8 @@ struct TransformerOptions {
   // products through the GEMM kernels with fp16 operands, in query chunks (ops/attention_gemm.h),
   // with base_kernel; mixed only. flash: the fused FlashAttention-2 kernels (ops/flash_attention.h):
   // in mixed on cooperative matrices (base_kernel coopmat_emulated: their emulation; a device
-  // without them: the emulation too), in fp32 the fp32 variant; head_dim up to 128. automatic: in mixed, flash where the device has cooperative matrices and the head_dim
-  // suits it (and base_kernel is automatic or coopmat), else gemm; tiled in fp32.
-  // FORJA_NO_FLASH=1 makes automatic choose gemm (debugging, comparisons).
+  // without them: the emulation too), in fp32 the fp32 variant; head_dim up to 128. automatic: gemm in mixed (flash is
+  // slower on the H200 so far: docs/benchmarks.md), tiled in fp32.
   enum class Attention { automatic, tiled, gemm, flash };
   Attention attention = Attention::automatic;
   // Mixed only: each base product's fp32 input (x forward, dy backward) is first rounded into an

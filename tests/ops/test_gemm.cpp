@@ -323,7 +323,7 @@ TEST_F(GemmTest, CoopmatEmulatedMixedOperands) {
 
 // The real cooperative-matrix kernel, where the device has one (not lavapipe).
 TEST_F(GemmTest, CoopmatBitExactAndRandom) {
-  if (ops::gemm_kernel_for(ctx(), DType::f16) != GemmKernel::coopmat)
+  if (!ops::gemm_kernel_available(ctx(), GemmKernel::coopmat))
     GTEST_SKIP() << "no NV cooperative matrix 16x16x16 f16->f32 on " << ctx().info().name;
   for (const Case& c : awkward_cases()) run(c, DType::f16, GemmKernel::coopmat, true);
   for (const Case& c : awkward_cases()) run(c, DType::f16, GemmKernel::coopmat, false);

@@ -5,7 +5,7 @@
 // measured differences are printed ([parity] lines).
 //
 // Attention runs through the GEMM kernels in chunks (ops/attention_gemm.h, automatic in mixed on
-// devices without cooperative matrices; with them automatic is flash), except in
+// devices with and without cooperative matrices; flash runs when asked for), except in
 // Qwen3TiledAttention (the fp32 tiled kernels) and the Flash tests (ops/flash_attention.h).
 // NF4 runs go through automatic's dequantise-to-fp16-then-dense-GEMM path, except Qwen3Nf4Fused
 // and Qwen3Nf4_Emulated, which run the fused NF4 kernels (decode inside the product): the fp16
