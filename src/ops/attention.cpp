@@ -93,47 +93,21 @@ void attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buff
   // forms P^T dout and dS^T q: 7 causal-half products in all.
   for (uint32_t b0 = 0; b0 < batch; b0 += per) {
     const uint32_t nb = std::min(per, batch - b0);
-    const auto [bq, bk, bv, bs, bo, bl] = bind_attention(ctx, m, b0, nb, q, k, v, segments, out, lse);
-    const auto [bdo, bdq, bdk, bdv, bd] = bind_attention_grads(ctx, m, b0, nb, dout, dq, dk, dv, drow);
+    const AttentionBindings f = bind_attention(ctx, m, b0, nb, q, k, v, segments, out, lse);
+    const AttentionGradBindings g = bind_attention_grads(ctx, m, b0, nb, dout, dq, dk, dv, drow);
     const double product = 2.0 * nb * n_heads * (0.5 * seq * (seq + 1.0)) * head_dim;
 
-    const AttnPush push_dq{
-        seq,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        scale,
-        {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, bdo.offset, bdq.offset, bd.offset}};
-    ctx.dispatch(pdq,
-                 {{bq.buffer, gpu::Access::read},
-                  {bk.buffer, gpu::Access::read},
-                  {bv.buffer, gpu::Access::read},
-                  {bs.buffer, gpu::Access::read},
-                  {bo.buffer, gpu::Access::read},
-                  {bl.buffer, gpu::Access::read},
-                  {bdo.buffer, gpu::Access::read},
-                  {bdq.buffer, gpu::Access::write},
-                  {bd.buffer, gpu::Access::write}},
-                 push_dq, (seq + kQueryTile - 1) / kQueryTile, n_heads, nb, "attention_backward_dq", 3 * product);
+    const BackwardKernelArgs dq_args = dq_kernel_args(f, g);
+    AttnPush push_dq{seq, n_heads, n_kv_heads, head_dim, scale, {}};
+    std::copy(dq_args.offsets.begin(), dq_args.offsets.end(), push_dq.off);
+    ctx.dispatch(pdq, dq_args.bindings, push_dq, (seq + kQueryTile - 1) / kQueryTile, n_heads, nb,
+                 "attention_backward_dq", 3 * product);
 
-    const AttnPush push_kv{
-        seq,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        scale,
-        {bq.offset, bk.offset, bv.offset, bs.offset, bl.offset, bdo.offset, bd.offset, bdk.offset, bdv.offset}};
-    ctx.dispatch(pkv,
-                 {{bq.buffer, gpu::Access::read},
-                  {bk.buffer, gpu::Access::read},
-                  {bv.buffer, gpu::Access::read},
-                  {bs.buffer, gpu::Access::read},
-                  {bl.buffer, gpu::Access::read},
-                  {bdo.buffer, gpu::Access::read},
-                  {bd.buffer, gpu::Access::read},
-                  {bdk.buffer, gpu::Access::write},
-                  {bdv.buffer, gpu::Access::write}},
-                 push_kv, (seq + kKeyTile - 1) / kKeyTile, n_kv_heads, nb, "attention_backward_dkdv", 4 * product);
+    const BackwardKernelArgs kv_args = dkdv_kernel_args(f, g, g.dk, g.dv);
+    AttnPush push_kv{seq, n_heads, n_kv_heads, head_dim, scale, {}};
+    std::copy(kv_args.offsets.begin(), kv_args.offsets.end(), push_kv.off);
+    ctx.dispatch(pkv, kv_args.bindings, push_kv, (seq + kKeyTile - 1) / kKeyTile, n_kv_heads, nb,
+                 "attention_backward_dkdv", 4 * product);
   }
   ctx.free(drow);
 }

@@ -2,9 +2,11 @@
 // fp32 tiled kernels, and ops/attention_gemm.h, through the GEMM kernels); both take the same
 // layouts: q-like fp32 [B*S, nh, d], kv-like [B*S, nkv, d], segments [B*S], lse [B, nh, S].
 #pragma once
+#include <array>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "gpu/context.h"
 #include "ops/chunking.h"
@@ -79,6 +81,36 @@ inline AttentionGradBindings bind_attention_grads(const gpu::Context& ctx, const
           bind_elements(ctx, dk, b0 * m.kv_seq(), nb * m.kv_seq()),
           bind_elements(ctx, dv, b0 * m.kv_seq(), nb * m.kv_seq()),
           bind_elements(ctx, drow, b0 * m.stat_seq(), nb * m.stat_seq())};
+}
+
+// A backward kernel's nine bindings with their element offsets (the push constants' off[9]),
+// in the order the tiled and the flash kernels both declare them:
+//   dq:   q k v segments out lse dout (read), dq drow (written)
+//   dkdv: q k v segments lse dout drow (read), dk dv (written)
+struct BackwardKernelArgs {
+  std::vector<gpu::Binding> bindings;
+  std::array<uint32_t, 9> offsets;
+};
+inline BackwardKernelArgs backward_kernel_args(const std::array<const Bound*, 7>& read,
+                                               const std::array<const Bound*, 2>& written) {
+  BackwardKernelArgs a;
+  size_t i = 0;
+  for (const Bound* b : read) {
+    a.bindings.push_back({b->buffer, gpu::Access::read});
+    a.offsets[i++] = b->offset;
+  }
+  for (const Bound* b : written) {
+    a.bindings.push_back({b->buffer, gpu::Access::write});
+    a.offsets[i++] = b->offset;
+  }
+  return a;
+}
+inline BackwardKernelArgs dq_kernel_args(const AttentionBindings& f, const AttentionGradBindings& g) {
+  return backward_kernel_args({&f.q, &f.k, &f.v, &f.segments, &f.out, &f.lse, &g.dout}, {&g.dq, &g.drow});
+}
+inline BackwardKernelArgs dkdv_kernel_args(const AttentionBindings& f, const AttentionGradBindings& g,
+                                           const Bound& dk, const Bound& dv) {
+  return backward_kernel_args({&f.q, &f.k, &f.v, &f.segments, &f.lse, &g.dout, &g.drow}, {&dk, &dv});
 }
 
 }  // namespace forja::ops

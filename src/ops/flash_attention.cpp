@@ -250,51 +250,30 @@ void flash_attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu
   }
   for (uint32_t b0 = 0; b0 < batch; b0 += per) {
     const uint32_t nb = std::min(per, batch - b0);
-    const auto [bq, bk, bv, bs, bo, bl] = bind_attention(ctx, m, b0, nb, q, k, v, segments, out, lse);
-    const auto [bdo, bdq, bdk, bdv, bd] = bind_attention_grads(ctx, m, b0, nb, dout, dq, dk, dv, drow);
+    const AttentionBindings f = bind_attention(ctx, m, b0, nb, q, k, v, segments, out, lse);
+    const AttentionGradBindings g = bind_attention_grads(ctx, m, b0, nb, dout, dq, dk, dv, drow);
     // FLOPs: dq recomputes S and dP and forms dS K (3 causal-half products); dkdv recomputes
     // both again and forms P^T dout and dS^T q (4).
     const double product = 2.0 * nb * n_heads * (0.5 * seq * (seq + 1.0)) * head_dim;
 
-    const FlashPush push_dq{
-        seq, n_heads, n_kv_heads, head_dim, scale,
-        {bq.offset, bk.offset, bv.offset, bs.offset, bo.offset, bl.offset, bdo.offset, bdq.offset, bd.offset},
-        1};
-    ctx.dispatch(pdq,
-                 {{bq.buffer, gpu::Access::read},
-                  {bk.buffer, gpu::Access::read},
-                  {bv.buffer, gpu::Access::read},
-                  {bs.buffer, gpu::Access::read},
-                  {bo.buffer, gpu::Access::read},
-                  {bl.buffer, gpu::Access::read},
-                  {bdo.buffer, gpu::Access::read},
-                  {bdq.buffer, gpu::Access::write},
-                  {bd.buffer, gpu::Access::write}},
-                 push_dq, (seq + tq.q - 1) / tq.q, n_heads, nb, "flash_attention_backward_dq", 3 * product);
+    const BackwardKernelArgs dq_args = dq_kernel_args(f, g);
+    FlashPush push_dq{seq, n_heads, n_kv_heads, head_dim, scale, {}, 1};
+    std::copy(dq_args.offsets.begin(), dq_args.offsets.end(), push_dq.off);
+    ctx.dispatch(pdq, dq_args.bindings, push_dq, (seq + tq.q - 1) / tq.q, n_heads, nb, "flash_attention_backward_dq",
+                 3 * product);
 
-    const Bound bdk_out = parts > 1 ? bind_elements(ctx, dk_parts, 0, nb * part_seq) : bdk;
-    const Bound bdv_out = parts > 1 ? bind_elements(ctx, dv_parts, 0, nb * part_seq) : bdv;
-    const FlashPush push_kv{
-        seq, n_heads, n_kv_heads, head_dim, scale,
-        {bq.offset, bk.offset, bv.offset, bs.offset, bl.offset, bdo.offset, bd.offset, bdk_out.offset, bdv_out.offset},
-        parts};
-    ctx.dispatch(pkv,
-                 {{bq.buffer, gpu::Access::read},
-                  {bk.buffer, gpu::Access::read},
-                  {bv.buffer, gpu::Access::read},
-                  {bs.buffer, gpu::Access::read},
-                  {bl.buffer, gpu::Access::read},
-                  {bdo.buffer, gpu::Access::read},
-                  {bd.buffer, gpu::Access::read},
-                  {bdk_out.buffer, gpu::Access::write},
-                  {bdv_out.buffer, gpu::Access::write}},
-                 push_kv, (seq + tkv.k - 1) / tkv.k, n_kv_heads * parts, nb, "flash_attention_backward_dkdv",
-                 4 * product);
+    const Bound bdk_out = parts > 1 ? bind_elements(ctx, dk_parts, 0, nb * part_seq) : g.dk;
+    const Bound bdv_out = parts > 1 ? bind_elements(ctx, dv_parts, 0, nb * part_seq) : g.dv;
+    const BackwardKernelArgs kv_args = dkdv_kernel_args(f, g, bdk_out, bdv_out);
+    FlashPush push_kv{seq, n_heads, n_kv_heads, head_dim, scale, {}, parts};
+    std::copy(kv_args.offsets.begin(), kv_args.offsets.end(), push_kv.off);
+    ctx.dispatch(pkv, kv_args.bindings, push_kv, (seq + tkv.k - 1) / tkv.k, n_kv_heads * parts, nb,
+                 "flash_attention_backward_dkdv", 4 * product);
     if (parts > 1) {
       const uint64_t count = nb * m.kv_seq();
       const uint32_t groups = static_cast<uint32_t>(std::clamp<uint64_t>((count + 255) / 256, 1, 65535));
       const auto& psum = ctx.pipelines().get("flash_sum_parts", 2, sizeof(FlashPush), {256});
-      for (const auto& [src, dst] : {std::pair{bdk_out, bdk}, std::pair{bdv_out, bdv}}) {
+      for (const auto& [src, dst] : {std::pair{bdk_out, g.dk}, std::pair{bdv_out, g.dv}}) {
         const FlashPush push_sum{nb * seq, n_heads, n_kv_heads, head_dim, scale, {src.offset, dst.offset}, parts};
         ctx.dispatch(psum, {{src.buffer, gpu::Access::read}, {dst.buffer, gpu::Access::write}}, push_sum, groups, 1, 1,
                      "flash_attention_sum_parts");

@@ -25,6 +25,7 @@
 #include "ops/attention.h"
 #include "ops/attention_gemm.h"
 #include "ops/ref/attention_ref.h"
+#include "support/expect_close.h"
 #include "support/gpu_fixture.h"
 
 namespace forja::test {
@@ -81,22 +82,7 @@ class AttentionTest : public GpuTest {
   // |got - want| <= rtol (1 + |want|); -inf must match exactly.
   static void expect_close(const char* what, const std::vector<float>& got, const std::vector<double>& want,
                            double rtol) {
-    ASSERT_EQ(got.size(), want.size());
-    size_t bad = 0;
-    double worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      bool ok;
-      if (std::isinf(want[i])) {
-        ok = got[i] == want[i];
-      } else {
-        const double err = std::abs(got[i] - want[i]) / (1.0 + std::abs(want[i]));
-        ok = err <= rtol;  // false for NaN
-        if (ok) worst = std::max(worst, err);
-      }
-      if (!ok && bad++ < 5) ADD_FAILURE() << what << " element " << i << ": " << got[i] << " vs " << want[i];
-    }
-    EXPECT_EQ(bad, 0u) << what;
-    if (std::getenv("FORJA_REF_VERBOSE")) std::fprintf(stderr, "  %s: worst rel err %.3g\n", what, worst);
+    expect_close_rel(what, got, want, rtol);
   }
   void TearDown() override {
     for (auto& b : bufs_) ctx().free(b);

@@ -26,6 +26,7 @@
 #include "io/float16.h"
 #include "ops/flash_attention.h"
 #include "ops/ref/attention_ref.h"
+#include "support/expect_close.h"
 #include "support/gpu_buffers.h"
 
 namespace forja::test {
@@ -79,24 +80,8 @@ class FlashAttentionTest : public GpuBufferTest {
 
   // |got - want| <= rtol (1 + |want|); -inf must match exactly. Returns the worst error.
   static double expect_close(const char* what, const std::vector<float>& got, const std::vector<double>& want,
-                             double rtol) {
-    EXPECT_EQ(got.size(), want.size());
-    size_t bad = 0;
-    double worst = 0;
-    for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
-      bool ok;
-      if (std::isinf(want[i])) {
-        ok = got[i] == want[i];
-      } else {
-        const double err = std::abs(got[i] - want[i]) / (1.0 + std::abs(want[i]));
-        ok = err <= rtol;  // false for NaN
-        if (ok) worst = std::max(worst, err);
-      }
-      if (!ok && bad++ < 5) ADD_FAILURE() << what << " element " << i << ": " << got[i] << " vs " << want[i];
-    }
-    EXPECT_EQ(bad, 0u) << what;
-    if (std::getenv("FORJA_REF_VERBOSE")) std::fprintf(stderr, "  %-4s worst rel err %.3g\n", what, worst);
-    return worst;
+                           double rtol) {
+    return test::expect_close_rel(what, got, want, rtol);
   }
 
   // Forward and backward on the GPU and the reference; compares out, lse, dq, dk, dv.
