@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_file.h"
@@ -116,18 +119,29 @@ Checkpoint load_checkpoint(const fs::path& dir, const io::LoraTargetShapes& shap
   try {
     if (s.value("format", "") != "forja-trainer-state-1")
       throw UserError(where + ": not a forja trainer state (format field missing or unknown)");
-    c.state.step = s.at("step").get<int64_t>();
-    c.state.total_steps = s.at("total_steps").get<int64_t>();
-    c.state.epoch = s.at("epoch").get<int64_t>();
-    c.state.batch_in_epoch = s.at("batch_in_epoch").get<int64_t>();
-    c.state.tokens = s.at("tokens").get<int64_t>();
+    // Integers must be JSON integers: nlohmann converts a float (2e46) to int64_t by a cast,
+    // undefined behaviour out of range (found by fuzz/fuzz_checkpoint.cpp).
+    auto integer = [&](const char* key, std::optional<int64_t> fallback = std::nullopt) -> int64_t {
+      if (!s.contains(key) && fallback) return *fallback;
+      const json& v = s.at(key);
+      if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
+        throw UserError(where + ": damaged trainer state (\"" + key + "\" is not an integer); resume from an earlier checkpoint");
+      return v.get<int64_t>();
+    };
+    c.state.step = integer("step");
+    c.state.total_steps = integer("total_steps");
+    c.state.epoch = integer("epoch");
+    c.state.batch_in_epoch = integer("batch_in_epoch");
+    c.state.tokens = integer("tokens");
     c.state.elapsed_s = s.at("elapsed_s").get<double>();
-    c.state.skipped_nonfinite = s.at("skipped_nonfinite").get<int64_t>();
+    c.state.skipped_nonfinite = integer("skipped_nonfinite");
+    if (!s.at("seed").is_number_unsigned() && !(s.at("seed").is_number_integer() && s.at("seed").get<int64_t>() >= 0))
+      throw UserError(where + ": damaged trainer state (\"seed\" is not a non-negative integer); resume from an earlier checkpoint");
     c.state.seed = s.at("seed").get<uint64_t>();
     c.state.last_loss = s.value("last_loss", 0.0);
-    c.state.world_size = s.value("world_size", int64_t(1));
-    c.state.micro_batches_per_step = s.value("micro_batches_per_step", int64_t(0));
-    c.state.batch_size = s.value("batch_size", int64_t(0));
+    c.state.world_size = integer("world_size", 1);
+    c.state.micro_batches_per_step = integer("micro_batches_per_step", 0);
+    c.state.batch_size = integer("batch_size", 0);
     if (c.state.world_size < 1 || c.state.micro_batches_per_step < 0 || c.state.batch_size < 0)
       throw UserError(where + ": damaged trainer state (world_size, micro_batches_per_step or batch_size out of range)");
   } catch (const json::exception& e) {

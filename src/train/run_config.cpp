@@ -205,6 +205,12 @@ void RunConfig::set(const std::string& key, const std::string& value, const std:
   std::replace(k.begin(), k.end(), '_', '-');  // lora_rank is accepted for lora-rank
   for (const auto& impl : key_table()) {
     if (k == impl.meta.name) {
+      // A NUL or other control character (a path "my run\0 1" from a YAML escape) could not be
+      // written back to config.yaml as it was read (found by fuzz/fuzz_run_config.cpp).
+      for (unsigned char ch : value)
+        if (ch < 0x20 && ch != '\t')
+          throw UserError(source + ": the value contains a control character (byte " + std::to_string(int(ch)) +
+                          "); give plain text");
       impl.set(*this, value, source);
       explicitly_set[k] = value;
       return;
@@ -227,11 +233,19 @@ void RunConfig::load_yaml(const fs::path& file) {
   if (!root.IsMap()) throw UserError(file.string() + ": must be a mapping of setting: value, e.g. 'lr: 2e-4'");
   const fs::path base = fs::absolute(file).parent_path();
   for (const auto& item : root) {
+    // Keys and list items that are not plain values (`[a]: 1`, `lora-targets: [q, [k]]`) would
+    // make as<std::string>() throw YAML's exception (found by fuzz/fuzz_run_config.cpp).
+    if (!item.first.IsScalar())
+      throw UserError(file.string() + ": line " + std::to_string(item.first.Mark().line + 1) +
+                      ": a setting's name must be a plain word, e.g. 'lr: 2e-4'");
     const std::string key = item.first.as<std::string>();
     const std::string where = file.string() + ": " + key;
     std::string value;
     if (item.second.IsSequence()) {  // lora-targets: [q, k, v]
-      for (const auto& e : item.second) value += (value.empty() ? "" : ",") + e.as<std::string>();
+      for (const auto& e : item.second) {
+        if (!e.IsScalar()) throw UserError(where + ": expected a list of plain values, e.g. [q, k, v]");
+        value += (value.empty() ? "" : ",") + e.as<std::string>();
+      }
     } else if (item.second.IsScalar()) {
       value = item.second.as<std::string>();
     } else if (item.second.IsNull()) {

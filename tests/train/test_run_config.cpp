@@ -84,6 +84,28 @@ TEST(RunConfig, UnknownKeysSuggestTheNearestAndRangesAreChecked) {
   EXPECT_EQ(nearest_name("--colour", {"--batch-size", "--seq-len"}), "");
 }
 
+// Found by fuzz/fuzz_run_config.cpp: a list item or a key that is not a plain value made yaml-cpp
+// throw its BadConversion, which escaped as a crash.
+TEST(RunConfig, NestedListItemsAndKeysAreClearErrors) {
+  const fs::path dir = fresh_dir("run_config_nested");
+  auto load = [&](const std::string& text) {
+    std::ofstream(dir / "run.yaml") << text;
+    RunConfig c;
+    return error_of([&] { c.load_yaml(dir / "run.yaml"); });
+  };
+  EXPECT_NE(load("lora_targets: [q, k, niv o,, model: modmmown]\n").find("lora_targets: expected a list of plain values"),
+            std::string::npos);
+  EXPECT_NE(load("lora-targets: [q, [k, v]]\n").find("expected a list of plain values"), std::string::npos);
+  EXPECT_NE(load("[lr]: 2e-4\n").find("line 1: a setting's name must be a plain word"), std::string::npos);
+  EXPECT_NE(load("{a: b}: 1\n").find("a setting's name must be a plain word"), std::string::npos);
+  EXPECT_EQ(load("lora-targets: [q, k]\n"), "");
+  // A control character in a value (here a NUL through a YAML escape) cannot go back to
+  // config.yaml as it came: refused.
+  EXPECT_NE(load("out: \"my run:\\b\\0 1\"\n").find("out: the value contains a control character"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
 TEST(RunConfig, WarmupAutoIsThreePercentRoundedUp) {
   RunConfig c;
   EXPECT_EQ(c.warmup_for(100), 3);
@@ -167,6 +189,19 @@ TEST(Checkpoint, DamagedStateIsAClearError) {
   const fs::path dir = save_checkpoint(out, tiny_checkpoint(3), tiny_shapes(), "");
   std::ofstream(dir / "trainer_state.json") << "{\"format\": \"forja-trainer-state-1\", \"step\": 3}";
   EXPECT_NE(error_of([&] { load_checkpoint(dir, tiny_shapes()); }).find("damaged trainer state"), std::string::npos);
+  // Found by fuzz/fuzz_checkpoint.cpp: an integer field holding a float beyond int64_t was cast
+  // (undefined behaviour); now it, and any non-integer, is a damaged state.
+  const std::string fields = R"("format": "forja-trainer-state-1", "step": 3, "total_steps": 10, "epoch": 0,
+      "batch_in_epoch": 3, "tokens": 100, "elapsed_s": 1.5, "skipped_nonfinite": 0, "seed": 42)";
+  std::ofstream(dir / "trainer_state.json") << "{" << fields << R"(, "micro_batches_per_step": 1e46})";
+  EXPECT_NE(error_of([&] { load_checkpoint(dir, tiny_shapes()); }).find("\"micro_batches_per_step\" is not an integer"),
+            std::string::npos);
+  std::ofstream(dir / "trainer_state.json") << "{" << fields << R"(, "world_size": 2.5})";
+  EXPECT_NE(error_of([&] { load_checkpoint(dir, tiny_shapes()); }).find("\"world_size\" is not an integer"),
+            std::string::npos);
+  std::ofstream(dir / "trainer_state.json") << R"({"format": "forja-trainer-state-1", "step": 3, "total_steps": 10,
+      "epoch": 0, "batch_in_epoch": 3, "tokens": 100, "elapsed_s": 1.5, "skipped_nonfinite": 0, "seed": -1})";
+  EXPECT_NE(error_of([&] { load_checkpoint(dir, tiny_shapes()); }).find("\"seed\""), std::string::npos);
 }
 
 }  // namespace
