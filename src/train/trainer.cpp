@@ -36,6 +36,7 @@
 #include "train/schedule.h"
 #include "train/token_batch.h"
 #include "util/error.h"
+#include "util/kill_point.h"
 
 namespace forja::train {
 namespace fs = std::filesystem;
@@ -610,6 +611,7 @@ int Run::execute() {
       // dropout masks: a fresh stream per (step, micro-batch), reproduced exactly on resume
       tf_->set_dropout_seed(c_.seed, uint64_t(st_.step), micro_index[j]);
       tf_->run(micro[j], inv_n, loss_sum_, true);
+      kill_point("step: a micro-batch's forward and backward");
     }
     const double loss = reduce_step(inv_n);
     adamw_->compute_grad_norm();
@@ -636,6 +638,7 @@ int Run::execute() {
     } else {
       adamw_->apply(st_.step);
     }
+    kill_point("step: the optimizer's update");
     ++st_.step;
     st_.tokens += tokens;
     st_.last_loss = loss;

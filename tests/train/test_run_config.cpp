@@ -179,8 +179,16 @@ TEST(Checkpoint, RoundTripPruneAndResume) {
   EXPECT_EQ(resolve_resume(out / "checkpoint-8"), out / "checkpoint-8");
 
   fs::create_directories(out / ".checkpoint-16.partial");
+  std::ofstream(out / ".adapter_model.safetensors.tmp.123.0") << "half";  // a killed run's temporary
+  std::ofstream(out / ".hidden-by-the-user") << "kept";
+  // killed between moving checkpoint-12 aside and moving its replacement in: it comes back
+  fs::rename(out / "checkpoint-12", out / ".checkpoint-12.old");
   remove_partial_checkpoints(out);
   EXPECT_FALSE(fs::exists(out / ".checkpoint-16.partial"));
+  EXPECT_FALSE(fs::exists(out / ".adapter_model.safetensors.tmp.123.0"));
+  EXPECT_TRUE(fs::exists(out / ".hidden-by-the-user"));
+  EXPECT_FALSE(fs::exists(out / ".checkpoint-12.old"));
+  EXPECT_EQ(resolve_resume(out), out / "checkpoint-12");
   EXPECT_NE(error_of([&] { resolve_resume(fresh_dir("ckpt_empty")); }).find("no checkpoint"), std::string::npos);
 }
 
