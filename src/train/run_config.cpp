@@ -3,9 +3,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <sstream>
 
@@ -303,9 +305,14 @@ std::string RunConfig::to_yaml() const {
     YAML::Emitter e;
     e << YAML::DoubleQuoted << impl.get(*this);
     const std::string v = impl.get(*this);
-    // quote only what YAML would misread (empty strings, paths with ': ')
-    const bool plain = !v.empty() && v.find(": ") == std::string::npos && v.find('#') == std::string::npos &&
-                       v.front() != ' ' && v.back() != ' ';
+    // Plain only what YAML cannot misread: words, numbers, paths and lists of letters, digits and
+    // . / _ + = , -, not starting with '-' (a list item) nor spelling null. Anything else is
+    // quoted: a path ending in " :" written plain did not load back (found by
+    // fuzz/fuzz_run_config.cpp), nor would "~", "[x]", "&a" or "*a".
+    const bool plain = !v.empty() && v.front() != '-' && v != "null" && v != "Null" && v != "NULL" &&
+                       std::all_of(v.begin(), v.end(), [](char ch) {
+                         return std::isalnum(static_cast<unsigned char>(ch)) || std::strchr("./_+=,-", ch);
+                       });
     out += name + ": " + (plain ? v : std::string(e.c_str())) + "\n";
   }
   return out;

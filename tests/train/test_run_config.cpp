@@ -60,6 +60,16 @@ TEST(RunConfig, ResolvedYamlReadsBackToTheSameConfiguration) {
   EXPECT_EQ(a.to_yaml(), b.to_yaml());
   EXPECT_TRUE(b.rslora);
   EXPECT_EQ(b.model, d / "model dir: x");
+  // Paths YAML would misread if written plain (found by fuzz/fuzz_run_config.cpp: "mm :").
+  for (const std::string name : {"mm :", "~", "null", "[x]", "&a", "*a", "-x", "a #b", "'q'", "{y}", "x: y", "%z", "!t"}) {
+    RunConfig c;
+    c.set("out", (d / name).string(), "t");
+    std::ofstream(d / "config.yaml") << c.to_yaml();
+    RunConfig back;
+    EXPECT_EQ(error_of([&] { back.load_yaml(d / "config.yaml"); }), "") << name << "\n" << c.to_yaml();
+    EXPECT_EQ(back.out, c.out) << c.to_yaml();
+    EXPECT_EQ(back.to_yaml(), c.to_yaml()) << name;
+  }
 }
 
 TEST(RunConfig, UnknownKeysSuggestTheNearestAndRangesAreChecked) {
