@@ -11,6 +11,7 @@
 #include <functional>
 #include <sstream>
 
+#include "data/utf8.h"
 #include "util/error.h"
 #include "util/nearest.h"
 
@@ -213,6 +214,9 @@ void RunConfig::set(const std::string& key, const std::string& value, const std:
         if (ch < 0x20 && ch != '\t')
           throw UserError(source + ": the value contains a control character (byte " + std::to_string(int(ch)) +
                           "); give plain text");
+      // Nor could bytes that are not UTF-8 (YAML's emitter escapes them as characters).
+      if (const size_t bad = data::utf8_first_invalid(value); bad != std::string::npos)
+        throw UserError(source + ": the value is not valid UTF-8 (at byte " + std::to_string(bad) + "); give plain text");
       impl.set(*this, value, source);
       explicitly_set[k] = value;
       return;

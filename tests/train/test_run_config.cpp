@@ -113,6 +113,9 @@ TEST(RunConfig, NestedListItemsAndKeysAreClearErrors) {
   // config.yaml as it came: refused.
   EXPECT_NE(load("out: \"my run:\\b\\0 1\"\n").find("out: the value contains a control character"),
             std::string::npos);
+  // Nor can bytes that are not UTF-8 (the emitter escapes them as characters).
+  EXPECT_NE(load("model: mod\xC0\xC0=\x80(+\n").find("model: the value is not valid UTF-8 (at byte"), std::string::npos);
+  EXPECT_EQ(load("model: caf\xC3\xA9\n"), "");
   fs::remove_all(dir);
 }
 
