@@ -3,11 +3,8 @@
 // other exception, crash, leak or sanitizer report is a bug. Accepted images are also checked for
 // the invariants the reader promises (tensors tile the data exactly, in order).
 //
-// Build and run (outside CI, clang):
-//   CXX=clang++-14 cmake -S . -B build-fuzz -DFORJA_FUZZ=ON -DFORJA_TESTS=OFF -DFORJA_SANITIZE=ON \
-//       -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link
-//   cmake --build build-fuzz --target fuzz_safetensors_header
-//   ./build-fuzz/fuzz_safetensors_header -max_total_time=300 fuzz/corpus/safetensors_header
+// Build and run (docs/fuzzing.md):
+//   scripts/fuzz build && scripts/fuzz run safetensors_header build-asan -max_total_time=300
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>

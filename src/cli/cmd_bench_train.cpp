@@ -191,8 +191,8 @@ int run_bench(BenchOptions o) {
     }
     model::free_base_weights(*ctx, base);
   } catch (const gpu::OutOfMemory& e) {
-    throw UserError(std::string("GPU out of memory (") + e.what() +
-                    "); lower --batch or --seq-len, turn --grad-checkpointing on, or use --quant nf4");
+    throw gpu::OutOfMemory(std::string(e.what()) +
+                           "; lower --batch or --seq-len, turn --grad-checkpointing on, or use --quant nf4");
   }
 
   double total = 0;

@@ -1,7 +1,8 @@
 // forja: the program's entry point. Builds the command line from the registered subcommands
-// (src/cli/cmd_*.cpp), runs the chosen one, and turns errors into exit codes:
-// 0 success, 2 user error (one line, names the fix), 3 an output could not be written or training
-// stopped on a non-finite loss (what was written before is intact), 1 anything else. Under an MPI launcher
+// (src/cli/cmd_*.cpp), runs the chosen one, and turns errors into exit codes (README "Exit
+// codes"): 0 success, 2 user error (one line, names the fix), 3 an output could not be written or
+// training stopped on a non-finite loss (what was written before is intact), 4 GPU out of memory,
+// 5 GPU lost, 6 no usable Vulkan driver or device, 1 anything else. Under an MPI launcher
 // (`mpirun -np N forja train`) an error on any rank is printed with the rank's number and ends
 // the whole job with the same code (dist::World::abort_job), so no rank waits forever.
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "cli/command.h"
 #include "dist/world.h"
+#include "gpu/vk_check.h"
 #include "util/error.h"
 #include "util/nearest.h"
 
@@ -120,6 +122,13 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const forja::OutputError& e) {
     return fail(3, e.what());
+  } catch (const forja::gpu::OutOfMemory& e) {
+    const std::string m = e.what();
+    return fail(4, m.starts_with("GPU out of memory") ? m : "GPU out of memory: " + m);
+  } catch (const forja::gpu::DeviceLost& e) {
+    return fail(5, e.what());
+  } catch (const forja::gpu::Unsupported& e) {
+    return fail(6, e.what());
   } catch (const forja::UserError& e) {
     return fail(2, e.what());
   } catch (const std::exception& e) {

@@ -206,7 +206,7 @@ TokenizedExample tokenize_line(std::string_view line, const std::string& where,
   json j;
   try {
     j = json::parse(line);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
     std::string msg = e.what();
     if (auto p = msg.find("parse error"); p != std::string::npos) msg = msg.substr(p);
     bad("invalid JSON", where, "not valid JSON (" + msg + "); expected one JSON object per line");
@@ -298,6 +298,16 @@ TokenizedExample tokenize_line(std::string_view line, const std::string& where,
   } else {
     unknown_format(j, where);
   }
+  // A tokenizer.json with more tokens than the model's embedding (another model's tokenizer,
+  // added tokens beyond vocab_size) would send ids past the embedding to the GPU (found by
+  // fuzz/fuzz_dataset_line.cpp).
+  if (opt.vocab_size > 0)
+    for (size_t i = 0; i < ex.input_ids.size(); ++i)
+      if (ex.input_ids[i] >= opt.vocab_size)
+        bad("token id out of range", where,
+            "token " + std::to_string(i) + " is id " + std::to_string(ex.input_ids[i]) + ", outside the model's " +
+                "vocabulary (vocab_size " + std::to_string(opt.vocab_size) + " in config.json); " + tok.origin() +
+                " does not belong to this model");
   if (ex.input_ids.empty()) bad("empty example", where, "the example has no tokens");
   ex.labels[0] = kIgnoreLabel;  // nothing predicts a document's first token
   return ex;

@@ -1148,7 +1148,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, const std::strin
   json j;
   try {
     j = json::parse(tokenizer_json);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
     throw UserError(origin + ": not valid JSON (" + e.what() +
                     "); expected a Hugging Face tokenizer.json");
   }
@@ -1187,7 +1187,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir_or_file) {
     json cfg;
     try {
       cfg = json::parse(read_file(cfg_path));
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
       throw UserError(cfg_path.string() + ": not valid JSON (" + e.what() + ")");
     }
     TokenizerConfig& c = t.impl_->config;

@@ -122,7 +122,6 @@ class Context {
   bool profiling_ = false;
   // Hazard tracking since the last barrier.
   std::vector<Range> written_, read_;
-  VkPipelineStageFlags pending_stages_ = 0;
   uint64_t barriers_ = 0;
   std::map<std::string, ProfileEntry> profile_;
 };

@@ -86,6 +86,11 @@ void vk_fail(VkResult r, const char* call, const char* file, int line) {
      << file << ":" << line;
   if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY)
     throw OutOfMemory(os.str());
+  if (r == VK_ERROR_DEVICE_LOST)
+    throw DeviceLost(os.str() + ": the GPU was lost (a driver reset, a hang or a GPU fault)");
+  if (r == VK_ERROR_FEATURE_NOT_PRESENT || r == VK_ERROR_EXTENSION_NOT_PRESENT || r == VK_ERROR_INCOMPATIBLE_DRIVER)
+    throw Unsupported(os.str() + ": the driver lacks what forja needs; update it, or choose another device "
+                      "(--device, see forja devices)");
   throw std::runtime_error(os.str());
 }
 
@@ -421,7 +426,7 @@ Instance::Instance(bool validation) {
   ci.ppEnabledExtensionNames = extensions.data();
   VkResult r = vkCreateInstance(&ci, nullptr, &instance_);
   if (r == VK_ERROR_INCOMPATIBLE_DRIVER || r == VK_ERROR_INITIALIZATION_FAILED)
-    throw UserError(std::string("no Vulkan driver found (vkCreateInstance: ") + vk_result_name(r) +
+    throw Unsupported(std::string("no Vulkan driver found (vkCreateInstance: ") + vk_result_name(r) +
                     "); install your GPU's Vulkan driver, or Mesa's CPU driver lavapipe "
                     "(Debian/Ubuntu: apt-get install mesa-vulkan-drivers)");
   VK_CHECK(r);
@@ -444,7 +449,7 @@ Instance::Instance(bool validation) {
   VK_CHECK(vkEnumeratePhysicalDevices(instance_, &n, physical_.data()));
   for (uint32_t i = 0; i < n; ++i) devices_.push_back(probe(instance_, physical_[i], i));
   if (devices_.empty())
-    throw UserError("the Vulkan loader found no device; install your GPU's Vulkan driver, or Mesa's CPU "
+    throw Unsupported("the Vulkan loader found no device; install your GPU's Vulkan driver, or Mesa's CPU "
                     "driver lavapipe (Debian/Ubuntu: apt-get install mesa-vulkan-drivers)");
 }
 
@@ -507,9 +512,9 @@ std::shared_ptr<Device> Device::open(int requested, bool quiet, int slot) {
 Device::Device(std::shared_ptr<Instance> instance, uint32_t index)
     : instance_(std::move(instance)), physical_(instance_->physical(index)), info_(instance_->devices()[index]) {
   if (!info_.push_descriptor)
-    throw UserError("device " + info_.name + " lacks VK_KHR_push_descriptor, which forja needs; update its driver");
+    throw Unsupported("device " + info_.name + " lacks VK_KHR_push_descriptor, which forja needs; update its driver");
   if (VK_API_VERSION_MINOR(info_.api_version) < 2 && VK_API_VERSION_MAJOR(info_.api_version) == 1)
-    throw UserError("device " + info_.name + " supports only Vulkan " + version_string(info_.api_version) +
+    throw Unsupported("device " + info_.name + " supports only Vulkan " + version_string(info_.api_version) +
                     "; forja needs Vulkan 1.2 (update the driver)");
 
   uint32_t nq = 0;
@@ -529,7 +534,7 @@ Device::Device(std::shared_ptr<Instance> instance, uint32_t index)
         chosen = static_cast<int>(i);
         break;
       }
-  if (chosen < 0) throw UserError("device " + info_.name + " has no compute queue");
+  if (chosen < 0) throw Unsupported("device " + info_.name + " has no compute queue");
   queue_family_ = static_cast<uint32_t>(chosen);
   if (qf[queue_family_].timestampValidBits == 0) info_.timestamps = false;
 
@@ -591,7 +596,8 @@ Device::Device(std::shared_ptr<Instance> instance, uint32_t index)
   vkGetPhysicalDeviceMemoryProperties(physical_, &mem_props_);
   cmd_push_descriptor_set =
       reinterpret_cast<PFN_vkCmdPushDescriptorSetKHR>(vkGetDeviceProcAddr(device_, "vkCmdPushDescriptorSetKHR"));
-  if (!cmd_push_descriptor_set) throw std::runtime_error("vkCmdPushDescriptorSetKHR not found");
+  if (!cmd_push_descriptor_set)
+    throw Unsupported("device " + info_.name + ": the driver does not provide vkCmdPushDescriptorSetKHR; update it");
 }
 
 Device::~Device() {

@@ -1,6 +1,7 @@
 #include "gpu/memory.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "gpu/vk_check.h"
@@ -11,6 +12,17 @@ namespace {
 uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 std::string mib(uint64_t b) { return std::to_string((b + (1 << 20) - 1) >> 20) + " MiB"; }
+
+// Test hook: FORJA_TEST_GPU_MEMORY_MIB=N makes every allocation that would take the arena past
+// N MiB fail as the driver fails it (VK_ERROR_OUT_OF_DEVICE_MEMORY), so the tests can check
+// what a GPU out of memory does on lavapipe, which has all of the machine's memory.
+uint64_t test_memory_limit() {
+  static const uint64_t limit = [] {
+    const char* v = std::getenv("FORJA_TEST_GPU_MEMORY_MIB");
+    return v && *v ? uint64_t(std::strtoull(v, nullptr, 10)) << 20 : 0;
+  }();
+  return limit;
+}
 }  // namespace
 
 Buffer Buffer::slice(uint64_t byte_offset, uint64_t byte_size) const {
@@ -52,7 +64,10 @@ uint32_t Arena::new_block(uint64_t bytes) {
   VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
   ai.allocationSize = req.size;
   ai.memoryTypeIndex = static_cast<uint32_t>(type);
-  VkResult r = vkAllocateMemory(device_->handle(), &ai, nullptr, &block.memory);
+  const uint64_t limit = test_memory_limit();
+  VkResult r = limit && bytes_reserved() + req.size > limit
+                   ? VK_ERROR_OUT_OF_DEVICE_MEMORY
+                   : vkAllocateMemory(device_->handle(), &ai, nullptr, &block.memory);
   if (r != VK_SUCCESS) {
     vkDestroyBuffer(device_->handle(), block.buffer, nullptr);
     if (r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY)

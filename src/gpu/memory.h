@@ -59,7 +59,6 @@ class Arena {
   std::shared_ptr<Device> device_;
   uint64_t block_bytes_ = 0;
   uint64_t alignment_ = 16;
-  int memory_type_ = -1;
   std::vector<Block> blocks_;
   uint64_t in_use_ = 0, peak_ = 0;
   std::mutex mutex_;

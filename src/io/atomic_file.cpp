@@ -11,6 +11,7 @@
 #include <string>
 
 #include "util/error.h"
+#include "util/kill_point.h"
 
 namespace forja::io {
 namespace {
@@ -57,6 +58,7 @@ AtomicFile::~AtomicFile() {
 void AtomicFile::write(const void* data, std::size_t size) {
   if (fd_ < 0) throw OutputError(path_.string() + ": write after the file was committed or failed");
   const char* p = static_cast<const char*>(data);
+  const bool first = written_ == 0;
   while (size > 0) {
     ssize_t n = ::write(fd_, p, size);
     if (n < 0) {
@@ -71,6 +73,7 @@ void AtomicFile::write(const void* data, std::size_t size) {
     size -= static_cast<std::size_t>(n);
     written_ += static_cast<std::size_t>(n);
   }
+  if (first && kill_points_enabled()) kill_point((path_.filename().string() + ": half-written").c_str());
 }
 
 void AtomicFile::commit() {
@@ -87,12 +90,14 @@ void AtomicFile::commit() {
     throw OutputError(path_.string() + ": closing failed (" + errno_text(err) +
                     "); the previous file, if any, is intact");
   }
+  if (kill_points_enabled()) kill_point((path_.filename().string() + ": written, before its rename").c_str());
   if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
     int err = errno;
     throw OutputError(path_.string() + ": cannot replace the file (" + errno_text(err) +
                     "); check permissions of the directory and that the path is not a directory");
   }
   committed_ = true;
+  if (kill_points_enabled()) kill_point((path_.filename().string() + ": renamed into place").c_str());
   sync_directory(path_.parent_path());
 }
 

@@ -16,7 +16,7 @@ GenerationConfig load_generation_config(const std::filesystem::path& model_dir) 
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(io::read_text_file(path));
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, and out_of_range for a number too large
     throw UserError(path.string() + ": not valid JSON (" + e.what() + "); fix or delete the file");
   }
   auto bad = [&](const char* key, const char* want) {

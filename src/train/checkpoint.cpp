@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_file.h"
@@ -12,6 +15,7 @@
 #include "io/json_file.h"
 #include "io/safetensors.h"
 #include "util/error.h"
+#include "util/kill_point.h"
 
 namespace forja::train {
 namespace fs = std::filesystem;
@@ -71,6 +75,7 @@ fs::path save_checkpoint(const fs::path& out_dir, const Checkpoint& c, const io:
   // A write that fails (disk full) removes the partial directory again, to give the space back;
   // the earlier checkpoints are untouched.
   try {
+    kill_point("checkpoint: its partial directory created");
     io::save_adapter(partial, c.adapter, shapes);
     {
       std::vector<io::TensorToWrite> t(2);
@@ -88,6 +93,7 @@ fs::path save_checkpoint(const fs::path& out_dir, const Checkpoint& c, const io:
     io::write_sha256sums(partial, {"adapter_model.safetensors", "adapter_config.json", kOptimizerFile, "config.yaml",
                                    kStateFile});
     io::sync_directory(partial);
+    kill_point("checkpoint: complete, before its rename");
   } catch (...) {
     fs::remove_all(partial, ec);
     throw;
@@ -101,10 +107,12 @@ fs::path save_checkpoint(const fs::path& out_dir, const Checkpoint& c, const io:
     fs::remove_all(old, ec);
     fs::rename(final_dir, old, ec);
     if (ec) throw OutputError(final_dir.string() + ": cannot replace the checkpoint (" + ec.message() + ")");
+    kill_point("checkpoint: the old one of this step moved aside");
   }
   fs::rename(partial, final_dir, ec);
   if (ec) throw OutputError(final_dir.string() + ": cannot move the checkpoint into place (" + ec.message() + ")");
   io::sync_directory(out_dir);
+  kill_point("checkpoint: renamed into place");
   if (had_old) fs::remove_all(old, ec);
   return final_dir;
 }
@@ -116,18 +124,29 @@ Checkpoint load_checkpoint(const fs::path& dir, const io::LoraTargetShapes& shap
   try {
     if (s.value("format", "") != "forja-trainer-state-1")
       throw UserError(where + ": not a forja trainer state (format field missing or unknown)");
-    c.state.step = s.at("step").get<int64_t>();
-    c.state.total_steps = s.at("total_steps").get<int64_t>();
-    c.state.epoch = s.at("epoch").get<int64_t>();
-    c.state.batch_in_epoch = s.at("batch_in_epoch").get<int64_t>();
-    c.state.tokens = s.at("tokens").get<int64_t>();
+    // Integers must be JSON integers: nlohmann converts a float (2e46) to int64_t by a cast,
+    // undefined behaviour out of range (found by fuzz/fuzz_checkpoint.cpp).
+    auto integer = [&](const char* key, std::optional<int64_t> fallback = std::nullopt) -> int64_t {
+      if (!s.contains(key) && fallback) return *fallback;
+      const json& v = s.at(key);
+      if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)))
+        throw UserError(where + ": damaged trainer state (\"" + key + "\" is not an integer); resume from an earlier checkpoint");
+      return v.get<int64_t>();
+    };
+    c.state.step = integer("step");
+    c.state.total_steps = integer("total_steps");
+    c.state.epoch = integer("epoch");
+    c.state.batch_in_epoch = integer("batch_in_epoch");
+    c.state.tokens = integer("tokens");
     c.state.elapsed_s = s.at("elapsed_s").get<double>();
-    c.state.skipped_nonfinite = s.at("skipped_nonfinite").get<int64_t>();
+    c.state.skipped_nonfinite = integer("skipped_nonfinite");
+    if (!s.at("seed").is_number_unsigned() && !(s.at("seed").is_number_integer() && s.at("seed").get<int64_t>() >= 0))
+      throw UserError(where + ": damaged trainer state (\"seed\" is not a non-negative integer); resume from an earlier checkpoint");
     c.state.seed = s.at("seed").get<uint64_t>();
     c.state.last_loss = s.value("last_loss", 0.0);
-    c.state.world_size = s.value("world_size", int64_t(1));
-    c.state.micro_batches_per_step = s.value("micro_batches_per_step", int64_t(0));
-    c.state.batch_size = s.value("batch_size", int64_t(0));
+    c.state.world_size = integer("world_size", 1);
+    c.state.micro_batches_per_step = integer("micro_batches_per_step", 0);
+    c.state.batch_size = integer("batch_size", 0);
     if (c.state.world_size < 1 || c.state.micro_batches_per_step < 0 || c.state.batch_size < 0)
       throw UserError(where + ": damaged trainer state (world_size, micro_batches_per_step or batch_size out of range)");
   } catch (const json::exception& e) {
@@ -160,15 +179,32 @@ void prune_checkpoints(const fs::path& out_dir, int64_t keep) {
   if (keep <= 0) return;
   const auto all = list_checkpoints(out_dir);
   std::error_code ec;
-  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) fs::remove_all(all[i], ec);
+  for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {
+    fs::remove_all(all[i], ec);
+    kill_point("an old checkpoint pruned");
+  }
 }
 
 void remove_partial_checkpoints(const fs::path& out_dir) {
   std::error_code ec;
   if (!fs::is_directory(out_dir, ec)) return;
-  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.starts_with(".checkpoint-") && (n.ends_with(".partial") || n.ends_with(".old"))) fs::remove_all(e.path(), ec);
+  std::vector<fs::path> leftovers;
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) leftovers.push_back(e.path());
+  for (const fs::path& p : leftovers) {
+    const std::string n = p.filename().string();
+    if (n.starts_with(".checkpoint-") && n.ends_with(".old")) {
+      // Killed between moving the old checkpoint of a step aside and moving its replacement in:
+      // the old one is complete, put it back (the replacement, if any, is a .partial).
+      const fs::path back = out_dir / n.substr(1, n.size() - 1 - 4);
+      if (!fs::exists(back, ec)) fs::rename(p, back, ec);
+      if (!ec && fs::exists(back, ec)) fs::remove_all(p, ec);
+    } else if (n.starts_with(".checkpoint-") && n.ends_with(".partial")) {
+      fs::remove_all(p, ec);
+    } else if (n.starts_with(".") && n.find(".tmp.") != std::string::npos && fs::is_regular_file(p, ec)) {
+      // The temporary of a file being written when a run was killed (io/atomic_file.h:
+      // ".NAME.tmp.PID.N"); the run lock says no other writer is at work in OUT.
+      fs::remove(p, ec);
+    }
   }
 }
 

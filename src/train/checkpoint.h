@@ -54,7 +54,10 @@ Checkpoint load_checkpoint(const std::filesystem::path& dir, const io::LoraTarge
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& out_dir);
 // Removes all but the newest `keep` (keep 0: none removed).
 void prune_checkpoints(const std::filesystem::path& out_dir, int64_t keep);
-// Removes leftovers of interrupted checkpoint writes (.checkpoint-*.partial).
+// Cleans up after a killed run, before its resume: removes interrupted checkpoint writes
+// (.checkpoint-*.partial) and the temporaries of files being written (.NAME.tmp.*), and puts back
+// a checkpoint moved aside for its replacement (.checkpoint-N.old) when the replacement never
+// arrived.
 void remove_partial_checkpoints(const std::filesystem::path& out_dir);
 // --resume PATH: a checkpoint directory, or a run directory (its newest checkpoint), checked
 // against its SHA256SUMS: a damaged one is refused naming the file, unless `fallback`

@@ -9,6 +9,7 @@
 
 #include "io/atomic_file.h"
 #include "util/error.h"
+#include "util/kill_point.h"
 
 namespace forja::train {
 
@@ -33,7 +34,15 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::append(const nlohmann::json& row) {
-  const std::string line = row.dump() + "\n";
+  std::string line = row.dump() + "\n";
+  if (kill_points_enabled()) {
+    // The kill-anywhere test: a row torn half-way, as a kill during the write would leave it.
+    const std::size_t half = line.size() / 2;
+    if (std::fwrite(line.data(), 1, half, f_) != half || std::fflush(f_) != 0)
+      throw OutputError(path_.string() + ": cannot append a row (" + std::strerror(errno) + ")");
+    kill_point("a metrics row half-written");
+    line.erase(0, half);
+  }
   if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
     throw OutputError(path_.string() + ": cannot append a row (" + std::strerror(errno) + ")");
 }

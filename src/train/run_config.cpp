@@ -3,12 +3,15 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <sstream>
 
+#include "data/utf8.h"
 #include "util/error.h"
 #include "util/nearest.h"
 
@@ -206,6 +209,15 @@ void RunConfig::set(const std::string& key, const std::string& value, const std:
   std::replace(k.begin(), k.end(), '_', '-');  // lora_rank is accepted for lora-rank
   for (const auto& impl : key_table()) {
     if (k == impl.meta.name) {
+      // A NUL or other control character (a path "my run\0 1" from a YAML escape) could not be
+      // written back to config.yaml as it was read (found by fuzz/fuzz_run_config.cpp).
+      for (unsigned char ch : value)
+        if (ch < 0x20 && ch != '\t')
+          throw UserError(source + ": the value contains a control character (byte " + std::to_string(int(ch)) +
+                          "); give plain text");
+      // Nor could bytes that are not UTF-8 (YAML's emitter escapes them as characters).
+      if (const size_t bad = data::utf8_first_invalid(value); bad != std::string::npos)
+        throw UserError(source + ": the value is not valid UTF-8 (at byte " + std::to_string(bad) + "); give plain text");
       impl.set(*this, value, source);
       explicitly_set[k] = value;
       return;
@@ -228,11 +240,19 @@ void RunConfig::load_yaml(const fs::path& file) {
   if (!root.IsMap()) throw UserError(file.string() + ": must be a mapping of setting: value, e.g. 'lr: 2e-4'");
   const fs::path base = fs::absolute(file).parent_path();
   for (const auto& item : root) {
+    // Keys and list items that are not plain values (`[a]: 1`, `lora-targets: [q, [k]]`) would
+    // make as<std::string>() throw YAML's exception (found by fuzz/fuzz_run_config.cpp).
+    if (!item.first.IsScalar())
+      throw UserError(file.string() + ": line " + std::to_string(item.first.Mark().line + 1) +
+                      ": a setting's name must be a plain word, e.g. 'lr: 2e-4'");
     const std::string key = item.first.as<std::string>();
     const std::string where = file.string() + ": " + key;
     std::string value;
     if (item.second.IsSequence()) {  // lora-targets: [q, k, v]
-      for (const auto& e : item.second) value += (value.empty() ? "" : ",") + e.as<std::string>();
+      for (const auto& e : item.second) {
+        if (!e.IsScalar()) throw UserError(where + ": expected a list of plain values, e.g. [q, k, v]");
+        value += (value.empty() ? "" : ",") + e.as<std::string>();
+      }
     } else if (item.second.IsScalar()) {
       value = item.second.as<std::string>();
     } else if (item.second.IsNull()) {
@@ -290,9 +310,14 @@ std::string RunConfig::to_yaml() const {
     YAML::Emitter e;
     e << YAML::DoubleQuoted << impl.get(*this);
     const std::string v = impl.get(*this);
-    // quote only what YAML would misread (empty strings, paths with ': ')
-    const bool plain = !v.empty() && v.find(": ") == std::string::npos && v.find('#') == std::string::npos &&
-                       v.front() != ' ' && v.back() != ' ';
+    // Plain only what YAML cannot misread: words, numbers, paths and lists of letters, digits and
+    // . / _ + = , -, not starting with '-' (a list item) nor spelling null. Anything else is
+    // quoted: a path ending in " :" written plain did not load back (found by
+    // fuzz/fuzz_run_config.cpp), nor would "~", "[x]", "&a" or "*a".
+    const bool plain = !v.empty() && v.front() != '-' && v != "null" && v != "Null" && v != "NULL" &&
+                       std::all_of(v.begin(), v.end(), [](char ch) {
+                         return std::isalnum(static_cast<unsigned char>(ch)) || std::strchr("./_+=,-", ch);
+                       });
     out += name + ": " + (plain ? v : std::string(e.c_str())) + "\n";
   }
   return out;

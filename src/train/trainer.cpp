@@ -36,6 +36,7 @@
 #include "train/schedule.h"
 #include "train/token_batch.h"
 #include "util/error.h"
+#include "util/kill_point.h"
 
 namespace forja::train {
 namespace fs = std::filesystem;
@@ -201,6 +202,9 @@ class Run {
  public:
   explicit Run(const RunConfig& c) : c_(c) {}
   int execute();
+  // What a GPU failure leaves: "the last checkpoint, OUT/checkpoint-N, is intact; ..." or that
+  // there is none yet.
+  std::string what_is_safe() const;
 
  private:
   void load();
@@ -614,6 +618,7 @@ int Run::execute() {
       // dropout masks: a fresh stream per (step, micro-batch), reproduced exactly on resume
       tf_->set_dropout_seed(c_.seed, uint64_t(st_.step), micro_index[j]);
       tf_->run(micro[j], inv_n, loss_sum_, true);
+      kill_point("step: a micro-batch's forward and backward");
     }
     const double loss = reduce_step(inv_n);
     adamw_->compute_grad_norm();
@@ -644,6 +649,7 @@ int Run::execute() {
     } else {
       adamw_->apply(st_.step);
     }
+    kill_point("step: the optimizer's update");
     ++st_.step;
     st_.tokens += tokens;
     st_.last_loss = loss;
@@ -652,6 +658,10 @@ int Run::execute() {
     // Test hook: FORJA_TEST_SIGTERM_AFTER_STEP=N sends this process SIGTERM after step N, so the
     // tests can check the stop-and-save path without racing a fast GPU from outside.
     if (const char* v = std::getenv("FORJA_TEST_SIGTERM_AFTER_STEP"); v && std::atoll(v) == st_.step) ::raise(SIGTERM);
+    // Test hook: FORJA_TEST_DEVICE_LOST_AFTER_STEP=N fails the next submit after step N as a lost
+    // device does (VK_ERROR_DEVICE_LOST), which lavapipe cannot be made to do.
+    if (const char* v = std::getenv("FORJA_TEST_DEVICE_LOST_AFTER_STEP"); v && std::atoll(v) == st_.step)
+      gpu::vk_fail(VK_ERROR_DEVICE_LOST, "vkQueueSubmit (FORJA_TEST_DEVICE_LOST_AFTER_STEP)", __FILE__, __LINE__);
     maybe_fail_rank_for_test(world_.rank(), st_.step);
     if (data_->eval && c_.eval_every > 0 && st_.step % c_.eval_every == 0) evaluate();
     if (c_.save_every > 0 && st_.step % c_.save_every == 0) {
@@ -679,15 +689,30 @@ int Run::execute() {
   return 0;
 }
 
+std::string Run::what_is_safe() const {
+  if (c_.out.empty() || !world_.is_root()) return "";
+  const auto all = list_checkpoints(c_.out);
+  if (all.empty()) return " No checkpoint had been written yet.";
+  return " The last checkpoint, " + all.back().string() + ", is intact: continue with forja train --resume " +
+         c_.out.string() + ".";
+}
+
 }  // namespace
 
+// GPU failures (cli/main.cpp gives each its exit code): what happened, what to change, and what
+// of the run is safe.
 int run_training(const RunConfig& config) {
   Run run(config);
   try {
     return run.execute();
   } catch (const gpu::OutOfMemory& e) {
-    throw UserError(std::string(e.what()) +
-                    "; lower --batch-size or --seq-len, use --grad-checkpointing on, --quant nf4, or a smaller --lora-rank");
+    throw gpu::OutOfMemory(std::string(e.what()) +
+                           "; lower --batch-size or --seq-len, turn --grad-checkpointing on, use --quant nf4, or "
+                           "a smaller --lora-rank (a resumed run keeps its --batch-size)." + run.what_is_safe());
+  } catch (const gpu::DeviceLost& e) {
+    throw gpu::DeviceLost(std::string(e.what()) +
+                          "; check the driver's log (dmesg), update the driver, or lower the load (--batch-size, "
+                          "--seq-len)." + run.what_is_safe());
   }
 }
 

@@ -164,6 +164,9 @@ TEST(DatasetErrors, EachBadInputNamesFileLineAndExpectation) {
   const std::string ok = R"({"text": "fine"})" "\n";
   expect_error("", {"bad.jsonl", "empty"});
   expect_error(ok + "{\"text\": \"unterminated}\n", {"bad.jsonl:2", "not valid JSON"});
+  // A number too large for a double is nlohmann's out_of_range, not a parse_error (a crash found
+  // by fuzzing, docs/fuzzing.md).
+  expect_error(ok + "{\"text\": \"x\", \"n\": 1e999}\n", {"bad.jsonl:2", "not valid JSON", "number overflow"});
   expect_error(ok + ok + "[1, 2]\n", {"bad.jsonl:3", "expected a JSON object"});
   expect_error(ok + R"({"prompt": "p"})" "\n", {"bad.jsonl:2", "\"completion\" is missing"});
   expect_error(R"({"text": 5})" "\n", {"bad.jsonl:1", "is an integer; expected a string"});
@@ -186,6 +189,11 @@ TEST(DatasetErrors, EachBadInputNamesFileLineAndExpectation) {
   DatasetOptions o;
   o.vocab_size = 10;  // the model's vocabulary, when smaller than the tokenizer's
   expect_error(R"({"input_ids": [1, 10]})" "\n", {"input_ids[1] = 10"}, o);
+  // Text whose tokens fall outside the model's vocabulary: a tokenizer of another model (found
+  // by fuzzing: the ids reached the GPU's embedding lookup unchecked).
+  expect_error(R"({"text": "fine"})" "\n", {"bad.jsonl:1", "outside the model's vocabulary (vocab_size 10",
+                                             "does not belong to this model"}, o);
+  expect_error(R"({"prompt": "p", "completion": "c"})" "\n", {"bad.jsonl:1", "vocab_size 10"}, o);
   expect_error(ok, {"not found"}, [] {
     DatasetOptions x;
     x.eval_file = "/nonexistent/eval.jsonl";

@@ -24,6 +24,20 @@ class GenerationConfigTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// Found by fuzz/fuzz_generation_config.cpp: a number beyond double's range is nlohmann's
+// out_of_range, which escaped as a crash.
+TEST_F(GenerationConfigTest, NumberOverflowIsAnInvalidJsonError) {
+  write("6333336666666e666663333");
+  try {
+    model::load_generation_config(dir_);
+    ADD_FAILURE() << "accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos) << e.what();
+  }
+  write(R"({"temperature": 1e400})");
+  EXPECT_THROW(model::load_generation_config(dir_), UserError);
+}
+
 TEST_F(GenerationConfigTest, AbsentMeansGreedy) {
   const auto g = model::load_generation_config(dir_);
   EXPECT_TRUE(g.path.empty());

@@ -148,7 +148,8 @@ TEST(RefAttention, SegmentsEqualSeparateRuns) {
                     d);
   attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
                      out.data(), lse.data(), seg.data(), 1, S, nh, nkv, d);
-  for (auto [b, e] : docs) {
+  for (const auto& doc : docs) {
+    const int64_t b = doc.first, e = doc.second;  // not a structured binding: clang 14 cannot capture one
     const int64_t n = e - b;
     auto slice = [&](const std::vector<double>& a, int64_t heads) {
       return std::vector<double>(a.begin() + b * heads * d, a.begin() + e * heads * d);

@@ -1,6 +1,7 @@
-// The tiny example model and chat data that the CLI tests train on (hidden 64, intermediate
-// 128, head_dim 16: seconds per run on lavapipe), made once per test process in a temporary
-// folder named after the test file's tag and the pid; and the per-step losses a run logged.
+// The tiny example model and chat data that the CLI tests train on (two layers, hidden 64,
+// intermediate 128, head_dim 16: seconds per run on lavapipe), made once per test process in a
+// temporary folder named after the test file's tag and the pid; and the per-step losses a run
+// logged.
 #pragma once
 #include <unistd.h>
 
@@ -15,22 +16,28 @@
 
 namespace forja::test {
 
+inline forja::train::ExampleModelShape small_example_shape() {
+  forja::train::ExampleModelShape shape;
+  shape.hidden = 64;
+  shape.intermediate = 128;
+  shape.head_dim = 16;
+  return shape;
+}
+
 struct ExampleFiles {
   std::filesystem::path dir, model, data;
 };
 
-// /tmp/forja_<tag>_<pid>/{model, chat.jsonl}, written on the first call of this process.
-inline ExampleFiles make_example_files(const std::string& tag, int layers) {
+// /tmp/forja_<tag>_<pid>/{model, chat.jsonl}, written on the first call of this process; `seed`
+// draws the model's weights (the tests' expectations were calibrated with their seeds).
+inline ExampleFiles make_example_files(const std::string& tag, uint64_t seed,
+                                       forja::train::ExampleModelShape shape = small_example_shape()) {
   ExampleFiles x;
   x.dir = std::filesystem::temp_directory_path() / ("forja_" + tag + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(x.dir);
   x.model = x.dir / "model";
   x.data = x.dir / "chat.jsonl";
-  forja::train::ExampleModelShape shape;
-  shape.hidden = 64;
-  shape.intermediate = 128;
-  shape.head_dim = 16;
-  forja::train::write_example_model(x.model, layers, shape);
+  forja::train::write_example_model(x.model, seed, shape);
   forja::train::write_example_data(x.data);
   return x;
 }

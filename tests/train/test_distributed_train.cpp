@@ -6,17 +6,21 @@
 // naming it. Needs the MPI plugin (CMake found MPI) and mpiexec; without
 // them the tests skip, unless FORJA_REQUIRE_MPI=1 (scripts/test sets it) makes that a failure.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "io/run_lock.h"
 #include "io/safetensors.h"
 #include "support/cli_runner.h"
 #include "support/example_run.h"
 #include "train/example.h"
+#include "util/error.h"
 
 namespace forja::train {
 namespace {
@@ -39,6 +43,22 @@ const std::string kMpiexec;
       GTEST_SKIP() << "built without MPI (install libopenmpi-dev openmpi-bin and rebuild)";    \
     }                                                                                          \
   } while (0)
+
+// Waits (up to a minute) until no process holds OUT's run lock: the ranks of a job that mpirun
+// has ended may still be exiting when it returns (seen under ASan on a loaded machine: the
+// resume that followed was refused as a second writer).
+void wait_for_lock_release(const fs::path& out) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(1);
+  while (true) {
+    try {
+      io::RunLock probe(out);
+      return;
+    } catch (const UserError&) {
+      if (std::chrono::steady_clock::now() > until) return;  // the resume below reports it
+      ::usleep(100 * 1000);
+    }
+  }
+}
 
 using Example = forja::test::ExampleFiles;
 const Example& example() {
@@ -141,6 +161,7 @@ TEST(DistributedTrain, KilledRunResumesExactlyAndRefusesAnotherStepShape) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   ASSERT_TRUE(fs::exists(killed / "checkpoint-2" / "trainer_state.json")) << r.output;
   EXPECT_FALSE(fs::exists(killed / "adapter_model.safetensors"));
+  wait_for_lock_release(killed);
   fs::copy(killed, moved, fs::copy_options::recursive);
 
   // Resumed with 2 ranks: the losses of the uninterrupted run, exactly.

@@ -60,6 +60,16 @@ TEST(RunConfig, ResolvedYamlReadsBackToTheSameConfiguration) {
   EXPECT_EQ(a.to_yaml(), b.to_yaml());
   EXPECT_TRUE(b.rslora);
   EXPECT_EQ(b.model, d / "model dir: x");
+  // Paths YAML would misread if written plain (found by fuzz/fuzz_run_config.cpp: "mm :").
+  for (const std::string name : {"mm :", "~", "null", "[x]", "&a", "*a", "-x", "a #b", "'q'", "{y}", "x: y", "%z", "!t"}) {
+    RunConfig c;
+    c.set("out", (d / name).string(), "t");
+    std::ofstream(d / "config.yaml") << c.to_yaml();
+    RunConfig back;
+    EXPECT_EQ(error_of([&] { back.load_yaml(d / "config.yaml"); }), "") << name << "\n" << c.to_yaml();
+    EXPECT_EQ(back.out, c.out) << c.to_yaml();
+    EXPECT_EQ(back.to_yaml(), c.to_yaml()) << name;
+  }
 }
 
 TEST(RunConfig, UnknownKeysSuggestTheNearestAndRangesAreChecked) {
@@ -82,6 +92,31 @@ TEST(RunConfig, UnknownKeysSuggestTheNearestAndRangesAreChecked) {
   EXPECT_NE(error_of([&] { missing.validate(); }).find("--model is required"), std::string::npos);
   EXPECT_EQ(nearest_name("--bach-size", {"--batch-size", "--seq-len"}), "--batch-size");
   EXPECT_EQ(nearest_name("--colour", {"--batch-size", "--seq-len"}), "");
+}
+
+// Found by fuzz/fuzz_run_config.cpp: a list item or a key that is not a plain value made yaml-cpp
+// throw its BadConversion, which escaped as a crash.
+TEST(RunConfig, NestedListItemsAndKeysAreClearErrors) {
+  const fs::path dir = fresh_dir("run_config_nested");
+  auto load = [&](const std::string& text) {
+    std::ofstream(dir / "run.yaml") << text;
+    RunConfig c;
+    return error_of([&] { c.load_yaml(dir / "run.yaml"); });
+  };
+  EXPECT_NE(load("lora_targets: [q, k, niv o,, model: modmmown]\n").find("lora_targets: expected a list of plain values"),
+            std::string::npos);
+  EXPECT_NE(load("lora-targets: [q, [k, v]]\n").find("expected a list of plain values"), std::string::npos);
+  EXPECT_NE(load("[lr]: 2e-4\n").find("line 1: a setting's name must be a plain word"), std::string::npos);
+  EXPECT_NE(load("{a: b}: 1\n").find("a setting's name must be a plain word"), std::string::npos);
+  EXPECT_EQ(load("lora-targets: [q, k]\n"), "");
+  // A control character in a value (here a NUL through a YAML escape) cannot go back to
+  // config.yaml as it came: refused.
+  EXPECT_NE(load("out: \"my run:\\b\\0 1\"\n").find("out: the value contains a control character"),
+            std::string::npos);
+  // Nor can bytes that are not UTF-8 (the emitter escapes them as characters).
+  EXPECT_NE(load("model: mod\xC0\xC0=\x80(+\n").find("model: the value is not valid UTF-8 (at byte"), std::string::npos);
+  EXPECT_EQ(load("model: caf\xC3\xA9\n"), "");
+  fs::remove_all(dir);
 }
 
 TEST(RunConfig, WarmupAutoIsThreePercentRoundedUp) {
@@ -157,8 +192,16 @@ TEST(Checkpoint, RoundTripPruneAndResume) {
   EXPECT_EQ(resolve_resume(out / "checkpoint-8"), out / "checkpoint-8");
 
   fs::create_directories(out / ".checkpoint-16.partial");
+  std::ofstream(out / ".adapter_model.safetensors.tmp.123.0") << "half";  // a killed run's temporary
+  std::ofstream(out / ".hidden-by-the-user") << "kept";
+  // killed between moving checkpoint-12 aside and moving its replacement in: it comes back
+  fs::rename(out / "checkpoint-12", out / ".checkpoint-12.old");
   remove_partial_checkpoints(out);
   EXPECT_FALSE(fs::exists(out / ".checkpoint-16.partial"));
+  EXPECT_FALSE(fs::exists(out / ".adapter_model.safetensors.tmp.123.0"));
+  EXPECT_TRUE(fs::exists(out / ".hidden-by-the-user"));
+  EXPECT_FALSE(fs::exists(out / ".checkpoint-12.old"));
+  EXPECT_EQ(resolve_resume(out), out / "checkpoint-12");
   EXPECT_NE(error_of([&] { resolve_resume(fresh_dir("ckpt_empty")); }).find("no checkpoint"), std::string::npos);
 }
 
@@ -167,6 +210,19 @@ TEST(Checkpoint, DamagedStateIsAClearError) {
   const fs::path dir = save_checkpoint(out, tiny_checkpoint(3), tiny_shapes(), "");
   std::ofstream(dir / "trainer_state.json") << "{\"format\": \"forja-trainer-state-1\", \"step\": 3}";
   EXPECT_NE(error_of([&] { load_checkpoint(dir, tiny_shapes()); }).find("damaged trainer state"), std::string::npos);
+  // Found by fuzz/fuzz_checkpoint.cpp: an integer field holding a float beyond int64_t was cast
+  // (undefined behaviour); now it, and any non-integer, is a damaged state.
+  const std::string fields = R"("format": "forja-trainer-state-1", "step": 3, "total_steps": 10, "epoch": 0,
+      "batch_in_epoch": 3, "tokens": 100, "elapsed_s": 1.5, "skipped_nonfinite": 0, "seed": 42)";
+  std::ofstream(dir / "trainer_state.json") << "{" << fields << R"(, "micro_batches_per_step": 1e46})";
+  EXPECT_NE(error_of([&] { load_checkpoint(dir, tiny_shapes()); }).find("\"micro_batches_per_step\" is not an integer"),
+            std::string::npos);
+  std::ofstream(dir / "trainer_state.json") << "{" << fields << R"(, "world_size": 2.5})";
+  EXPECT_NE(error_of([&] { load_checkpoint(dir, tiny_shapes()); }).find("\"world_size\" is not an integer"),
+            std::string::npos);
+  std::ofstream(dir / "trainer_state.json") << R"({"format": "forja-trainer-state-1", "step": 3, "total_steps": 10,
+      "epoch": 0, "batch_in_epoch": 3, "tokens": 100, "elapsed_s": 1.5, "skipped_nonfinite": 0, "seed": -1})";
+  EXPECT_NE(error_of([&] { load_checkpoint(dir, tiny_shapes()); }).find("\"seed\""), std::string::npos);
 }
 
 }  // namespace
