@@ -103,7 +103,6 @@ std::string unsupported(const gpu::Context& ctx, uint32_t hd, const FlashAttenti
   const FlashKernel kernel = flash_kernel_for(ctx, o.kernel);
   if (kernel == FlashKernel::coopmat && !flash_attention_coopmat_available(ctx))
     return "the cooperative-matrix kernels are not available on this device (or FORJA_NO_COOPMAT is set)";
-  FlashTiles t;
   std::string why;
   const Tile f = pick(ctx, Pass::fwd, hd, kernel, o, why);
   if (f.q == 0) return why;
