@@ -65,6 +65,12 @@ TEST(Checksums, Sha256MatchesTheStandardVectorsAndCoreutils) {
   EXPECT_NE(damage->find("b.txt: its SHA-256 differs"), std::string::npos) << *damage;
   std::ofstream(dir / "SHA256SUMS") << "not a checksum line\n";
   EXPECT_TRUE(io::verify_sha256sums(dir).has_value());
+  // A name the filesystem refuses (longer than NAME_MAX) is a missing file, not an exception
+  // (found by fuzz_checkpoint: fuzz/corpus/checkpoint/regress_name_too_long).
+  std::ofstream(dir / "SHA256SUMS") << std::string(64, 'a') << "  " << std::string(300, 'f') << "\n";
+  const auto too_long = io::verify_sha256sums(dir);
+  ASSERT_TRUE(too_long.has_value());
+  EXPECT_NE(too_long->find("missing"), std::string::npos) << *too_long;
 }
 
 TEST(RunSafety, SecondRunOnOneOutIsRefusedAndAStaleLockIsTakenOver) {
