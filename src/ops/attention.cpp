@@ -30,17 +30,6 @@ void check_dims(const char* op, const Dims& m) {
                                 std::to_string(kMaxHeadDim) + " (the kernels' tile width)");
 }
 
-// Sequences per dispatch so that the largest binding (plus alignment slack) fits the device.
-uint32_t sequences_per_dispatch(const gpu::Context& ctx, const char* op, const Dims& m) {
-  const uint64_t range = ctx.info().max_storage_buffer_range;
-  const uint64_t slack = std::max<uint64_t>(256, ctx.info().min_storage_offset_alignment);
-  const uint64_t per_seq = std::max({m.q_seq(), m.kv_seq(), m.stat_seq()}) * 4;
-  if (per_seq + slack > range)
-    throw std::invalid_argument(std::string(op) + ": one sequence of q (" + std::to_string(per_seq) +
-                                " bytes) exceeds the device's maxStorageBufferRange; lower the sequence length");
-  return static_cast<uint32_t>(std::min<uint64_t>({(range - slack) / per_seq, m.batch, 65535}));
-}
-
 }  // namespace
 
 void attention_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,

@@ -2,6 +2,7 @@
 // fp32 tiled kernels, and ops/attention_gemm.h, through the GEMM kernels); both take the same
 // layouts: q-like fp32 [B*S, nh, d], kv-like [B*S, nkv, d], segments [B*S], lse [B, nh, S].
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <stdexcept>
@@ -52,6 +53,17 @@ inline void check_attention_gradients(const char* op, const AttentionDims& m, co
   check_attention_buffer(op, "dq", dq, m.q_seq() * m.batch);
   check_attention_buffer(op, "dk", dk, m.kv_seq() * m.batch);
   check_attention_buffer(op, "dv", dv, m.kv_seq() * m.batch);
+}
+
+// Sequences per dispatch so that the largest binding (plus alignment slack) fits the device.
+inline uint32_t sequences_per_dispatch(const gpu::Context& ctx, const char* op, const AttentionDims& m) {
+  const uint64_t range = ctx.info().max_storage_buffer_range;
+  const uint64_t slack = std::max<uint64_t>(256, ctx.info().min_storage_offset_alignment);
+  const uint64_t per_seq = std::max({m.q_seq(), m.kv_seq(), m.stat_seq()}) * 4;
+  if (per_seq + slack > range)
+    throw std::invalid_argument(std::string(op) + ": one sequence of q (" + std::to_string(per_seq) +
+                                " bytes) exceeds the device's maxStorageBufferRange; lower the sequence length");
+  return static_cast<uint32_t>(std::min<uint64_t>({(range - slack) / per_seq, m.batch, 65535}));
 }
 
 // The operands of sequences [b0, b0 + nb) as bindings (one dispatch's group of sequences).

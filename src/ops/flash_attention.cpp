@@ -116,17 +116,6 @@ std::string unsupported(const gpu::Context& ctx, uint32_t hd, const FlashAttenti
 
 using Dims = AttentionDims;
 
-// Sequences per dispatch so that the largest binding (plus alignment slack) fits the device.
-uint32_t sequences_per_dispatch(const gpu::Context& ctx, const char* op, const Dims& m) {
-  const uint64_t range = ctx.info().max_storage_buffer_range;
-  const uint64_t slack = std::max<uint64_t>(256, ctx.info().min_storage_offset_alignment);
-  const uint64_t per_seq = std::max({m.q_seq(), m.kv_seq(), m.stat_seq()}) * 4;
-  if (per_seq + slack > range)
-    throw std::invalid_argument(std::string(op) + ": one sequence of q (" + std::to_string(per_seq) +
-                                " bytes) exceeds the device's maxStorageBufferRange; lower the sequence length");
-  return static_cast<uint32_t>(std::min<uint64_t>({(range - slack) / per_seq, m.batch, 65535}));
-}
-
 const gpu::Pipeline& pipeline(gpu::Context& ctx, Pass p, FlashKernel kernel, Tile t, uint32_t hd, uint32_t bindings) {
   const uint32_t threads = (p == Pass::dkdv ? t.k : t.q) / 16 * 32;
   return ctx.pipelines().get(variant_name(p, kernel), bindings, sizeof(FlashPush),
