@@ -33,7 +33,8 @@ namespace {
 using namespace forja;
 
 struct BenchOptions {
-  std::string shape, quant = "nf4", precision = "auto", checkpointing = "on", attention = "automatic";
+  std::string shape, quant = "nf4", precision = "auto", checkpointing = "on", attention = "automatic",
+              lora_products = "automatic";
   int64_t batch = 0, seq_len = 0, lora_rank = 16, steps = 10, warmup = 2;
   double peak_tflops = 0;
   bool json = false;
@@ -161,6 +162,10 @@ int run_bench(BenchOptions o) {
                      : o.attention == "gemm" ? Attention::gemm
                      : o.attention == "flash" ? Attention::flash
                                              : Attention::automatic;
+      using LoraProducts = model::TransformerOptions::LoraProducts;
+      to.lora_products = o.lora_products == "fp32"   ? LoraProducts::fp32
+                         : o.lora_products == "fp16" ? LoraProducts::fp16
+                                                     : LoraProducts::automatic;
       model::Transformer tf(*ctx, base, lora, B, S, checkpointing, to);
       train::OptimizerSettings os;
       os.total_steps = o.warmup + o.steps;
@@ -210,6 +215,7 @@ int run_bench(BenchOptions o) {
                         {"quant", o.quant},
                         {"precision", o.precision},
                         {"attention", o.attention},
+                        {"lora_products", o.lora_products},
                         {"rank", o.lora_rank},
                         {"grad_ckpt", checkpointing},
                         {"steps", o.steps},
@@ -266,6 +272,10 @@ forja::cli::CommandRegistration reg{"bench", 80, [](CLI::App& app) {
                   "Attention implementation: automatic, tiled (fp32 kernels), gemm (through the GEMMs; mixed), "
                   "flash (fused kernels)")
       ->check(CLI::IsMember({"automatic", "tiled", "gemm", "flash"}));
+  cmd->add_option("--lora-products", o->lora_products,
+                  "Operands of LoRA's rank-r products in mixed precision: automatic (fp16), fp16 (matrix cores), "
+                  "fp32 (scalar kernels)")
+      ->check(CLI::IsMember({"automatic", "fp16", "fp32"}));
   cmd->add_option("--lora-rank", o->lora_rank, "LoRA rank on all seven projections");
   cmd->add_option("--grad-checkpointing", o->checkpointing, "Activation checkpointing: on or off")
       ->check(CLI::IsMember({"on", "off"}));

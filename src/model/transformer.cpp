@@ -131,6 +131,12 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
       for (const BaseLinear& lin : layer.linears) widest = std::max<uint64_t>({widest, lin.in, lin.out});
     if (widest > 0) input16_ = alloc((uint64_t(max_tokens_) * widest * 2 + 3) / 4 * 4, "base product input (fp16)");
   }
+  lora_f16_ = options.precision == Precision::mixed && options.lora_products != TransformerOptions::LoraProducts::fp32 &&
+              lora_width_ > 0;
+  if (lora_f16_) {
+    lora16_ = alloc((lora_.params().size / 4 * 2 + 3) / 4 * 4, "LoRA parameters (fp16 copy)");
+    t16_ = alloc((uint64_t(max_tokens_) * lora_width_ * 2 + 3) / 4 * 4, "lora t (fp16)");
+  }
   const uint64_t T = max_tokens_, H = c_.hidden_size, I = c_.intermediate_size, nh = c_.num_heads,
                  nkv = c_.num_kv_heads, d = c_.head_dim;
   ids_ = alloc(T * 4, "input ids");
@@ -228,6 +234,25 @@ MatrixView Transformer::lora_view(const gpu::Buffer& b, LinearKind kind, uint64_
   return MatrixView{b, DType::f32, row0 * lora_width_ + lora_column_[static_cast<int>(kind)], lora_width_};
 }
 
+MatrixView Transformer::lora_weight(uint64_t offset, uint32_t ld) const {
+  if (lora_f16_) return MatrixView{lora16_, DType::f16, offset, ld};
+  return MatrixView{lora_.params(), DType::f32, offset, ld};
+}
+
+MatrixView Transformer::lora_t_operand(const gpu::Buffer& lora_t, LinearKind kind) const {
+  if (lora_f16_) return MatrixView{t16_, DType::f16, lora_column_[static_cast<int>(kind)], lora_width_};
+  return lora_view(lora_t, kind);
+}
+
+MatrixView Transformer::lora_input_operand(const gpu::Buffer& x, uint32_t cols) {
+  if (lora_f16_) return base_input(x, cols);  // x itself where there are no fp16 input copies
+  return MatrixView{x, DType::f32, 0, cols};
+}
+
+ops::GemmKernel Transformer::lora_kernel(const MatrixView& b) const {
+  return b.dtype == DType::f16 ? options_.base_kernel : ops::GemmKernel::automatic;
+}
+
 uint32_t Transformer::lora_group(size_t layer, std::initializer_list<LinearKind> kinds) const {
   if (dropout_on_) return 0;  // each projection draws its own dropout mask on the shared input
   const uint32_t n = lora_.shared_input_run(static_cast<int64_t>(layer), kinds);
@@ -239,8 +264,9 @@ void Transformer::lora_group_forward(size_t layer, LinearKind first, uint32_t n,
   const LoraSlot& s = *lora_.find(static_cast<int64_t>(layer), first);
   const uint32_t T = tokens_, rows = n * s.rank;
   // [t_1 .. t_n] = x [A_1; ..; A_n]^T: one pass over x for n adapters.
-  ops::gemm(ctx_, lora_product({T, rows, s.in, false, true}, "lora_xa"), MatrixView{x, DType::f32, 0, s.in},
-            MatrixView{lora_.params(), DType::f32, s.a_offset, s.in}, lora_view(lora_t, first));
+  const MatrixView a = lora_weight(s.a_offset, s.in);
+  ops::gemm(ctx_, lora_product({T, rows, s.in, false, true}, "lora_xa"), MatrixView{x, DType::f32, 0, s.in}, a,
+            lora_view(lora_t, first), lora_kernel(a));
 }
 
 void Transformer::lora_group_backward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x,
@@ -249,10 +275,11 @@ void Transformer::lora_group_backward(size_t layer, LinearKind first, uint32_t n
   const uint32_t T = tokens_, rows = n * s.rank;
   const MatrixView dt = lora_view(grad_->dt, first);
   // [dA_1; ..; dA_n] += [dt_1 .. dt_n]^T x;  dx += [dt_1 .. dt_n] [A_1; ..; A_n]
-  ops::gemm(ctx_, lora_product({rows, s.in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"), dt,
-            MatrixView{x, DType::f32, 0, s.in}, MatrixView{lora_.grads(), DType::f32, s.a_offset, s.in});
-  ops::gemm(ctx_, lora_product({T, s.in, rows, false, false, 1.0f, 1.0f}, "lora_dx"), dt,
-            MatrixView{lora_.params(), DType::f32, s.a_offset, s.in}, MatrixView{dx, DType::f32, 0, s.in});
+  const MatrixView xb = lora_input_operand(x, s.in), a = lora_weight(s.a_offset, s.in);
+  ops::gemm(ctx_, lora_product({rows, s.in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"), dt, xb,
+            MatrixView{lora_.grads(), DType::f32, s.a_offset, s.in}, lora_kernel(xb));
+  ops::gemm(ctx_, lora_product({T, s.in, rows, false, false, 1.0f, 1.0f}, "lora_dx"), dt, a,
+            MatrixView{dx, DType::f32, 0, s.in}, lora_kernel(a));
 }
 
 void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
@@ -271,8 +298,9 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
     const uint32_t r = s->rank;
     // t = x A^T (or dropout(x) A^T)  [T, r], unless lora_group_forward made it;  y += scale * t B^T
     if (!lora_t_ready) lora_input_forward(layer, *s, x, lora_t);
+    const MatrixView b = lora_weight(s->b_offset, r);
     ops::gemm(ctx_, lora_product({T, s->out, r, false, true, lora_.scale(), 1.0f}, "lora_tb"), lora_view(lora_t, kind),
-              MatrixView{lora_.b(*s), DType::f32, 0, r}, MatrixView{y, DType::f32, 0, s->out});
+              b, MatrixView{y, DType::f32, 0, s->out}, lora_kernel(b));
   }
 }
 
@@ -294,23 +322,24 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   const float scale = lora_.scale();
   const MatrixView dt = lora_view(grad_->dt, kind);
   // dB += scale * dy^T t          [out, r]   (lora_grad_scale_: see run)
+  const MatrixView t = lora_t_operand(lora_t, kind), b = lora_weight(s->b_offset, r);
   ops::gemm(ctx_, lora_product({s->out, r, T, true, false, scale * lora_grad_scale_, 1.0f}, "lora_db"),
-            MatrixView{dy, DType::f32, 0, s->out}, lora_view(lora_t, kind),
-            MatrixView{lora_.grad_b(*s), DType::f32, 0, r});
+            MatrixView{dy, DType::f32, 0, s->out}, t, MatrixView{lora_.grad_b(*s), DType::f32, 0, r}, lora_kernel(t));
   // dt = scale * dy B             [T, r]
   ops::gemm(ctx_, lora_product({T, r, s->out, false, false, scale, 0.0f}, "lora_dt"), MatrixView{dy, DType::f32, 0, s->out},
-            MatrixView{lora_.b(*s), DType::f32, 0, r}, dt);
+            b, dt, lora_kernel(b));
   if (dropout_on_) {
     lora_input_backward_dropout(layer, *s, x, dx, lora_grad_scale_);
     return;
   }
   if (grouped) return;  // dA and dx for the group: lora_group_backward
   // dA += dt^T x                  [r, in]
-  ops::gemm(ctx_, lora_product({r, s->in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"), dt,
-            MatrixView{x, DType::f32, 0, s->in}, MatrixView{lora_.grad_a(*s), DType::f32, 0, s->in});
+  const MatrixView xb = lora_input_operand(x, s->in), a = lora_weight(s->a_offset, s->in);
+  ops::gemm(ctx_, lora_product({r, s->in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"), dt, xb,
+            MatrixView{lora_.grad_a(*s), DType::f32, 0, s->in}, lora_kernel(xb));
   // dx += dt A                    [T, in]
-  ops::gemm(ctx_, lora_product({T, s->in, r, false, false, 1.0f, 1.0f}, "lora_dx"), dt,
-            MatrixView{lora_.a(*s), DType::f32, 0, s->in}, MatrixView{dx, DType::f32, 0, s->in});
+  ops::gemm(ctx_, lora_product({T, s->in, r, false, false, 1.0f, 1.0f}, "lora_dx"), dt, a,
+            MatrixView{dx, DType::f32, 0, s->in}, lora_kernel(a));
 }
 
 void Transformer::set_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro_batch) {
@@ -320,9 +349,10 @@ void Transformer::set_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro_
 
 void Transformer::lora_input_forward(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& lora_t) {
   const uint32_t T = tokens_, r = s.rank;
+  const MatrixView a = lora_weight(s.a_offset, s.in);
   if (!dropout_on_) {
-    ops::gemm(ctx_, lora_product({T, r, s.in, false, true}, "lora_xa"), MatrixView{x, DType::f32, 0, s.in},
-              MatrixView{lora_.a(s), DType::f32, 0, s.in}, lora_view(lora_t, s.kind));
+    ops::gemm(ctx_, lora_product({T, r, s.in, false, true}, "lora_xa"), MatrixView{x, DType::f32, 0, s.in}, a,
+              lora_view(lora_t, s.kind), lora_kernel(a));
     return;
   }
   const ops::DropoutParams d = ops::dropout_params(
@@ -333,7 +363,7 @@ void Transformer::lora_input_forward(size_t layer, const LoraSlot& s, const gpu:
     // scratch = dropout(x[r0 : r0 + n]);  t[r0 : r0 + n] = scratch A^T
     ops::dropout_apply(ctx_, d, x, uint64_t(r0) * s.in, dropout_scratch_, 0, r0, n, s.in, false);
     ops::gemm(ctx_, lora_product({n, r, s.in, false, true}, "lora_xa"), MatrixView{dropout_scratch_, DType::f32, 0, s.in},
-              MatrixView{lora_.a(s), DType::f32, 0, s.in}, lora_view(lora_t, s.kind, r0));
+              a, lora_view(lora_t, s.kind, r0), lora_kernel(a));
   }
 }
 
@@ -352,8 +382,8 @@ void Transformer::lora_input_backward_dropout(size_t layer, const LoraSlot& s, c
     ops::gemm(ctx_, lora_product({r, s.in, n, true, false, grad_a_scale, 1.0f}, "lora_da"), dt_rows, scratch,
               MatrixView{lora_.grad_a(s), DType::f32, 0, s.in});
     // scratch = dt[rows] A;  dx[rows] += mask * scratch (dropout's backward is the same mask)
-    ops::gemm(ctx_, lora_product({n, s.in, r, false, false, 1.0f, 0.0f}, "lora_dx"), dt_rows,
-              MatrixView{lora_.a(s), DType::f32, 0, s.in}, scratch);
+    const MatrixView a = lora_weight(s.a_offset, s.in);
+    ops::gemm(ctx_, lora_product({n, s.in, r, false, false, 1.0f, 0.0f}, "lora_dx"), dt_rows, a, scratch, lora_kernel(a));
     ops::dropout_apply(ctx_, d, dropout_scratch_, 0, dx, uint64_t(r0) * s.in, r0, n, s.in, true);
   }
 }
@@ -416,6 +446,7 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
                  d = static_cast<uint32_t>(c_.head_dim);
   GradScratch& g = *grad_;
   using K = LinearKind;
+  if (lora_f16_) ops::to_f16(ctx_, a.t, t16_, uint64_t(T) * lora_width_);  // the dB products' t
 
   // MLP: dx is the gradient of x3 = x2 + down(act)
   linear_backward(i, K::Down, a.act, a.t, dx, g.dact, false);
@@ -465,6 +496,8 @@ void Transformer::run(const TokenBatch& batch, float inv_n, const gpu::Buffer& l
   }
   const uint32_t T = tokens_, H = static_cast<uint32_t>(c_.hidden_size), V = static_cast<uint32_t>(c_.vocab_size);
   const size_t L = static_cast<size_t>(c_.num_layers);
+  // The LoRA factors as this run's fp16 products read them (the optimizer changed them since).
+  if (lora_f16_) ops::to_f16(ctx_, lora_.params(), lora16_, lora_.params().size / 4);
   ops::embedding_forward(ctx_, base_.embedding, base_.embed_dtype, ids_, x_[0], T, H, V);
   for (size_t i = 0; i < L; ++i) layer_forward(i, x_[i], *acts_[checkpointing_ ? 0 : i], &x_[i + 1]);
   ops::rmsnorm_forward(ctx_, x_[L], base_.final_norm, DType::f32, final_h_, final_rstd_, T, H,

@@ -54,6 +54,14 @@ struct TransformerOptions {
   // fp16 copy (one scratch as large as the widest input), so the GEMM stages half the bytes;
   // false rounds it inside the GEMM as it is staged (the _af32 kernels). Same values either way.
   bool fp16_input_copies = true;
+  // Mixed only: the precision of LoRA's rank-r products (x A^T, t B^T and their gradients).
+  // fp16: their operands in fp16 as the base products' are (the fp32 activation side rounded as
+  // it is loaded or from input16_, A and B from an fp16 copy made at the start of each run, t from
+  // an fp16 copy for dB), fp32 accumulation, on base_kernel's matrix cores; on an H200 the fp32
+  // scalar products were 17% of the Qwen3-4B step at 3-9 TFLOP/s (docs/benchmarks.md). fp32: the
+  // fp32 scalar kernels. automatic: fp16 in mixed. fp32 precision always runs fp32.
+  enum class LoraProducts { automatic, fp32, fp16 };
+  LoraProducts lora_products = LoraProducts::automatic;
 };
 
 // One micro-batch, host side: B sequences of S tokens, row-major [B, S].
@@ -115,6 +123,15 @@ class Transformer {
                        const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx, bool grouped = false);
   // The block of `kind` in a [T, targets * r] LoRA buffer (LayerActs::t, GradScratch::dt), from row0.
   ops::MatrixView lora_view(const gpu::Buffer& b, LinearKind kind, uint64_t row0 = 0) const;
+  // LoRA factors as the B operand of a product: the fp16 copy (lora16_) or the fp32 parameters,
+  // from element `offset` with row stride ld; and t's block of `kind` likewise (t16_ or lora_t).
+  ops::MatrixView lora_weight(uint64_t offset, uint32_t ld) const;
+  ops::MatrixView lora_t_operand(const gpu::Buffer& lora_t, LinearKind kind) const;
+  // A LoRA product's B operand when it is an activation x [T, cols]: its fp16 copy in input16_
+  // (lora_f16_), else x.
+  ops::MatrixView lora_input_operand(const gpu::Buffer& x, uint32_t cols);
+  // The kernel of a LoRA product whose B operand is `b`: base_kernel's matrix cores for fp16.
+  ops::GemmKernel lora_kernel(const ops::MatrixView& b) const;
   // How many of `kinds` (projections reading one input) run their LoRA input products together
   // (LoraSet::shared_input_run; 0 when fewer than 2, or while dropout acts).
   uint32_t lora_group(size_t layer, std::initializer_list<LinearKind> kinds) const;
@@ -146,6 +163,10 @@ class Transformer {
   uint32_t input16_cols_ = 0;
   gpu::Buffer nf4_scratch_;  // fp16 dequantised weight (TransformerOptions::Nf4Products::dequantized)
   float lora_grad_scale_ = 1.0f;                 // factor of the LoRA gradient products (run)
+  // TransformerOptions::LoraProducts resolved: fp16 operands. lora16_: fp16 copy of the LoRA
+  // parameters (made at the start of run); t16_: fp16 copy of the layer's t (layer_backward).
+  bool lora_f16_ = false;
+  gpu::Buffer lora16_, t16_;
   // The LoRA buffers' row width (targets * rank) and each target's first column (lora_view).
   uint32_t lora_width_ = 0;
   std::array<uint32_t, 7> lora_column_{};

@@ -1,8 +1,9 @@
 // Mixed precision (model/precision.h) against the same float64 PyTorch reference as the fp32
 // parity tests: fp16 base weights (dense from the BF16 or F32 checkpoint, or NF4 decoded and
-// rounded to fp16) and fp16-rounded activations in the base products, fp32 everywhere else. The
-// losses of 20 AdamW steps and every step-0 LoRA gradient must be within 1e-2 relative; the
-// measured differences are printed ([parity] lines).
+// rounded to fp16) and fp16-rounded activations in the base products and in LoRA's rank-r
+// products (with fp16 copies of the LoRA factors; Qwen3LoraProductsFp32: fp32 there), fp32
+// everywhere else. The losses of 20 AdamW steps and every step-0 LoRA gradient must be within
+// 1e-2 relative; the measured differences are printed ([parity] lines).
 //
 // Attention runs through the GEMM kernels in chunks (ops/attention_gemm.h, automatic in mixed on
 // devices with and without cooperative matrices; flash runs when asked for), except in
@@ -93,6 +94,20 @@ TEST_F(ParityMixed, Qwen3Nf4FlashAttentionCheckpointing) {
 TEST_F(ParityMixed, Qwen3InputsRoundedInsideTheGemm) {
   ParityRun r = mixed("qwen3-gqa-bf16", model::BaseQuant::nf4, ops::GemmKernel::automatic, false);
   r.options.fp16_input_copies = false;
+  run_parity(ctx(), r);
+}
+
+// LoRA dropout in mixed: the dropout(x) A^T products and their backward on fp16 operands, with
+// checkpointing (the backward regenerates the masks in the recomputed layer).
+TEST_F(ParityMixed, Qwen3DropoutCheckpointing) {
+  run_parity(ctx(), mixed("qwen3-dropout", model::BaseQuant::none, ops::GemmKernel::automatic, true));
+}
+
+// LoRA's rank-r products on the fp32 scalar kernels instead of automatic's fp16 operands
+// (TransformerOptions::LoraProducts).
+TEST_F(ParityMixed, Qwen3LoraProductsFp32) {
+  ParityRun r = mixed("qwen3-gqa-bf16", model::BaseQuant::nf4, ops::GemmKernel::automatic, true);
+  r.options.lora_products = model::TransformerOptions::LoraProducts::fp32;
   run_parity(ctx(), r);
 }
 
