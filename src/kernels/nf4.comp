@@ -10,7 +10,9 @@
 // dequantised once into a scratch buffer that the dense cooperative-matrix GEMM then reads, which
 // runs several times faster than decoding inside the product's inner loop. count is a multiple
 // of 8 there (the host checks), so every invocation writes whole words. The codebook is read from
-// a shared-memory copy (see NF4_CODE_AT in nf4_common.glsl).
+// a shared-memory copy (see NF4_CODE_AT in nf4_common.glsl). With ld > cols (fp16 only, one
+// dispatch) row r of W goes to dst elements [r * ld, r * ld + cols): room beside each row for
+// the LoRA factor the product takes with it (ops::nf4_dequantize).
 //! variant nf4
 //! variant nf4_f16 -DOUT_F16
 #extension GL_EXT_control_flow_attributes : require
@@ -23,6 +25,7 @@ layout(push_constant) uniform Nf4Push {
   uint count;   // elements to write
   uint groups_x;
   float absmax_offset;
+  uint cols, ld;  // W's row length and the output's row stride (elements; equal: contiguous)
 } pc;
 float nf4_offset() { return pc.absmax_offset; }
 
@@ -55,7 +58,8 @@ void main() {
   // rounded first (integer RNE), so packHalf2x16 converts exactly whatever its rounding mode
   [[unroll]] for (uint i = 0; i < 4u; ++i)
     u[i] = packHalf2x16(vec2(round_to_f16(v[2u * i]), round_to_f16(v[2u * i + 1u])));
-  dst[local >> 3] = uvec4(u[0], u[1], u[2], u[3]);
+  const uint o = pc.ld == pc.cols ? local : (e0 / pc.cols) * pc.ld + e0 % pc.cols;  // strided: bound from 0
+  dst[o >> 3] = uvec4(u[0], u[1], u[2], u[3]);
 #else
   [[unroll]] for (uint i = 0; i < 8u; ++i)
     if (local + i < pc.count) dst[local + i] = v[i];

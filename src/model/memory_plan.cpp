@@ -107,18 +107,23 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
                                           2 * act * widest + 2 * 4 * chunk);
   plan.parts.push_back(
       {"scratch", scratch, "activation gradients, one vocabulary chunk of logits"});
+  // Mixed precision folds each NF4 projection's LoRA factor into its product, K growing by the
+  // rank rounded up to 64 (Transformer::lora_folds): the scratches below are that much wider.
+  const std::uint64_t fold =
+      s.nf4 && s.dense_weight_bytes == 2 && plan.lora_parameters > 0 ? (static_cast<std::uint64_t>(s.lora_rank) + 63) / 64 * 64 : 0;
   if (s.nf4 && s.dense_weight_bytes == 2) {
     // Mixed precision (16-bit dense weights) dequantises each NF4 projection to fp16 before its
     // product, into one scratch of the largest projection (model/transformer.h, Nf4Products).
     const std::uint64_t h = static_cast<std::uint64_t>(c.hidden_size);
-    const std::uint64_t largest = h * static_cast<std::uint64_t>(std::max({c.intermediate_size, c.q_dim()}));
+    const std::uint64_t wide = static_cast<std::uint64_t>(std::max({c.intermediate_size, c.q_dim()}));
+    const std::uint64_t largest = std::max((h + fold) * wide, h * (wide + fold));
     plan.parts.push_back({"NF4 weight dequantised (fp16)", 2 * largest, "one projection at a time"});
   }
   if (s.dense_weight_bytes == 2) {
     // Mixed precision rounds each base product's input into one fp16 copy (model/transformer.h).
     const std::uint64_t widest_io =
         static_cast<std::uint64_t>(std::max({c.hidden_size, c.intermediate_size, c.q_dim()}));
-    plan.parts.push_back({"base product input (fp16)", tokens * widest_io * 2, "one product at a time"});
+    plan.parts.push_back({"base product input (fp16)", tokens * (widest_io + fold) * 2, "one product at a time"});
     // and runs LoRA's products on fp16 copies of the factors and of one layer's t
     // (TransformerOptions::LoraProducts).
     if (plan.lora_parameters > 0) {

@@ -110,13 +110,6 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   attention_ = resolve_attention(ctx, options, static_cast<uint32_t>(c_.head_dim), flash_kernel_);
   using Nf4Products = TransformerOptions::Nf4Products;
   const bool dequantize = options.precision == Precision::mixed && options.nf4_products != Nf4Products::fused;
-  if (dequantize) {
-    uint64_t largest = 0;
-    for (const BaseLayer& layer : base.layers)
-      for (const BaseLinear& lin : layer.linears)
-        if (lin.nf4) largest = std::max<uint64_t>(largest, uint64_t(lin.nf4->rows) * lin.nf4->cols);
-    if (largest > 0) nf4_scratch_ = alloc(largest * 2, "nf4 dequantised weight (fp16)");
-  }
   max_tokens_ = max_batch * max_seq;
   // The column block of each target in the [T, targets * r] LoRA buffers, in projection order, so
   // that projections sharing an input sit side by side like their A's (LoraSet::shared_input_run).
@@ -125,14 +118,28 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
       lora_column_[static_cast<int>(k)] = lora_width_;
       lora_width_ += static_cast<uint32_t>(lora.settings().rank);
     }
-  if (options.precision == Precision::mixed && options.fp16_input_copies) {
+  lora_f16_ = options.precision == Precision::mixed && options.lora_products != TransformerOptions::LoraProducts::fp32 &&
+              lora_width_ > 0;
+  const bool input_copies = options.precision == Precision::mixed && options.fp16_input_copies;
+  // LoRA folded into the NF4 products (lora_folds): K grows by the rank rounded up to whole
+  // 64-deep K tiles, the largest the GEMM kernels take, so no product needs an edge tile for it.
+  if (lora_f16_ && dequantize && input_copies) lora_pad_ = (static_cast<uint32_t>(lora.settings().rank) + 63) / 64 * 64;
+  const uint64_t P = lora_pad_;
+  if (dequantize) {
+    uint64_t largest = 0;  // fp16 elements: W, with room for the LoRA factor beside or below it
+    for (const BaseLayer& layer : base.layers)
+      for (const BaseLinear& lin : layer.linears)
+        if (lin.nf4)
+          largest = std::max<uint64_t>({largest, uint64_t(lin.out + P) * lin.in, uint64_t(lin.out) * (lin.in + P)});
+    if (largest > 0) nf4_scratch_ = alloc((largest * 2 + 3) / 4 * 4, "nf4 dequantised weight (fp16)");
+  }
+  if (input_copies) {
     uint64_t widest = 0;
     for (const BaseLayer& layer : base.layers)
       for (const BaseLinear& lin : layer.linears) widest = std::max<uint64_t>({widest, lin.in, lin.out});
-    if (widest > 0) input16_ = alloc((uint64_t(max_tokens_) * widest * 2 + 3) / 4 * 4, "base product input (fp16)");
+    if (widest > 0)
+      input16_ = alloc((uint64_t(max_tokens_) * (widest + P) * 2 + 3) / 4 * 4, "base product input (fp16)");
   }
-  lora_f16_ = options.precision == Precision::mixed && options.lora_products != TransformerOptions::LoraProducts::fp32 &&
-              lora_width_ > 0;
   if (lora_f16_) {
     lora16_ = alloc((lora_.params().size / 4 * 2 + 3) / 4 * 4, "LoRA parameters (fp16 copy)");
     t16_ = alloc((uint64_t(max_tokens_) * lora_width_ * 2 + 3) / 4 * 4, "lora t (fp16)");
@@ -219,15 +226,26 @@ MatrixView Transformer::base_fp16(const BaseLinear& lin) {
   return MatrixView{nf4_scratch_, DType::f16, 0, lin.in};
 }
 
-MatrixView Transformer::base_input(const gpu::Buffer& x, uint32_t cols, bool ready) {
+MatrixView Transformer::base_input(const gpu::Buffer& x, uint32_t cols, bool ready, uint32_t extra) {
   if (!input16_.valid()) return MatrixView{x, DType::f32, 0, cols};
-  const bool same = x.buffer == input16_source_.buffer && x.offset == input16_source_.offset && cols == input16_cols_;
-  if (ready && same) return MatrixView{input16_, DType::f16, 0, cols};
+  const uint32_t ld = cols + extra;
+  const bool same = x.buffer == input16_source_.buffer && x.offset == input16_source_.offset &&
+                    cols == input16_cols_ && ld == input16_ld_;
+  if (ready && same) return MatrixView{input16_, DType::f16, 0, ld};
   input16_source_ = x;
   input16_cols_ = cols;
+  input16_ld_ = ld;
   // Like nf4_scratch_, reused by every product; the context orders the writes after earlier reads.
-  ops::to_f16(ctx_, x, input16_, uint64_t(tokens_) * cols);
-  return MatrixView{input16_, DType::f16, 0, cols};
+  if (extra == 0)
+    ops::to_f16(ctx_, x, input16_, uint64_t(tokens_) * cols);
+  else
+    ops::to_f16_block(ctx_, x, 0, cols, input16_, 0, ld, tokens_, cols, cols);
+  return MatrixView{input16_, DType::f16, 0, ld};
+}
+
+bool Transformer::lora_folds(const BaseLinear& lin, const LoraSlot* s) const {
+  return s && lora_pad_ > 0 && lin.nf4 && nf4_scratch_.valid() && input16_.valid() && lin.in % 8 == 0 &&
+         lin.out % 8 == 0;
 }
 
 MatrixView Transformer::lora_view(const gpu::Buffer& b, LinearKind kind, uint64_t row0) const {
@@ -256,7 +274,16 @@ ops::GemmKernel Transformer::lora_kernel(const MatrixView& b) const {
 uint32_t Transformer::lora_group(size_t layer, std::initializer_list<LinearKind> kinds) const {
   if (dropout_on_) return 0;  // each projection draws its own dropout mask on the shared input
   const uint32_t n = lora_.shared_input_run(static_cast<int64_t>(layer), kinds);
-  return n >= 2 ? n : 0;
+  if (n < 2) return 0;
+  // lora_group_backward's dx product serves a group whose members all fold, or none does.
+  const auto folds = [&](LinearKind k) {
+    return lora_folds(base_.layers[layer].linears[static_cast<int>(k)], lora_.find(static_cast<int64_t>(layer), k));
+  };
+  const bool first = folds(*kinds.begin());
+  uint32_t i = 0;
+  for (LinearKind k : kinds)
+    if (i++ < n && folds(k) != first) return 0;
+  return n;
 }
 
 void Transformer::lora_group_forward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x,
@@ -275,11 +302,13 @@ void Transformer::lora_group_backward(size_t layer, LinearKind first, uint32_t n
   const uint32_t T = tokens_, rows = n * s.rank;
   const MatrixView dt = lora_view(grad_->dt, first);
   // [dA_1; ..; dA_n] += [dt_1 .. dt_n]^T x;  dx += [dt_1 .. dt_n] [A_1; ..; A_n]
-  const MatrixView xb = lora_input_operand(x, s.in), a = lora_weight(s.a_offset, s.in);
+  const MatrixView xb = lora_input_operand(x, s.in);
   ops::gemm(ctx_, lora_product({rows, s.in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"), dt, xb,
             MatrixView{lora_.grads(), DType::f32, s.a_offset, s.in}, lora_kernel(xb));
-  ops::gemm(ctx_, lora_product({T, s.in, rows, false, false, 1.0f, 1.0f}, "lora_dx"), dt, a,
-            MatrixView{dx, DType::f32, 0, s.in}, lora_kernel(a));
+  // Folded projections (lora_group keeps a group all folded or all not) took dt A into dy W.
+  if (!lora_folds(base_.layers[layer].linears[static_cast<int>(first)], &s))
+    ops::gemm(ctx_, lora_product({T, s.in, rows, false, false, 1.0f, 1.0f}, "lora_dx"), dt,
+              MatrixView{lora_.params(), DType::f32, s.a_offset, s.in}, MatrixView{dx, DType::f32, 0, s.in});
 }
 
 void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
@@ -287,6 +316,22 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
   const uint32_t T = tokens_;
   const float beta = accumulate ? 1.0f : 0.0f;
+  const LoraSlot* slot = lora_.find(static_cast<int64_t>(layer), kind);
+  // t = x A^T (or dropout(x) A^T)  [T, r], unless lora_group_forward made it
+  if (slot && !lora_t_ready) lora_input_forward(layer, *slot, x, lora_t);
+  if (lora_folds(lin, slot)) {
+    // y (=|+=) [x | t] [W | scale B]^T: the LoRA update inside the base product, K = in + P
+    // (t and scale B rounded to fp16, zero columns up to P), instead of a second pass over y.
+    const uint32_t P = lora_pad_, K = lin.in + P, r = slot->rank;
+    const MatrixView xin = base_input(x, lin.in, input16_ready, P);
+    ops::to_f16_block(ctx_, lora_t, lora_column_[static_cast<int>(kind)], lora_width_, input16_, lin.in, K, T, r, P);
+    ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16, K);
+    ops::to_f16_block(ctx_, lora_.params(), slot->b_offset, r, nf4_scratch_, lin.in, K, lin.out, r, P, lora_.scale());
+    ops::gemm(ctx_, GemmShape{T, lin.out, K, false, true, 1.0f, beta}, xin, MatrixView{nf4_scratch_, DType::f16, 0, K},
+              MatrixView{y, DType::f32, 0, lin.out}, options_.base_kernel);
+    if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
+    return;
+  }
   if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {  // mixed: fp16 W, x rounded to fp16 as it is loaded
@@ -294,13 +339,12 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
               MatrixView{y, DType::f32, 0, lin.out}, options_.base_kernel);
   }
   if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
-  if (const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind)) {
-    const uint32_t r = s->rank;
-    // t = x A^T (or dropout(x) A^T)  [T, r], unless lora_group_forward made it;  y += scale * t B^T
-    if (!lora_t_ready) lora_input_forward(layer, *s, x, lora_t);
-    const MatrixView b = lora_weight(s->b_offset, r);
-    ops::gemm(ctx_, lora_product({T, s->out, r, false, true, lora_.scale(), 1.0f}, "lora_tb"), lora_view(lora_t, kind),
-              b, MatrixView{y, DType::f32, 0, s->out}, lora_kernel(b));
+  if (slot) {
+    // y += scale * t B^T, with fp32 B: a pass over y that reads and writes it, whose fp32 scalar
+    // kernel outran the matrix-core one (K = r) on an H100 (docs/benchmarks.md)
+    const uint32_t r = slot->rank;
+    ops::gemm(ctx_, lora_product({T, slot->out, r, false, true, lora_.scale(), 1.0f}, "lora_tb"), lora_view(lora_t, kind),
+              MatrixView{lora_.params(), DType::f32, slot->b_offset, r}, MatrixView{y, DType::f32, 0, slot->out});
   }
 }
 
@@ -309,14 +353,17 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
   const uint32_t T = tokens_;
   const float beta = accumulate_dx ? 1.0f : 0.0f;
-  // dx (=|+=) dy W
-  if (lin.nf4 && !nf4_scratch_.valid()) {
+  const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind);
+  // With dropout dx gets mask * (dt A), which cannot join dy W.
+  const bool fold = !dropout_on_ && lora_folds(lin, s);
+  // dx (=|+=) dy W; folded: below, once dt is known
+  if (fold) {
+  } else if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_dyw(ctx_, dy, *lin.nf4, dx, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {
     ops::gemm(ctx_, GemmShape{T, lin.in, lin.out, false, false, 1.0f, beta}, base_input(dy, lin.out), base_fp16(lin),
               MatrixView{dx, DType::f32, 0, lin.in}, options_.base_kernel);
   }
-  const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind);
   if (!s) return;
   const uint32_t r = s->rank;
   const float scale = lora_.scale();
@@ -328,18 +375,32 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   // dt = scale * dy B             [T, r]
   ops::gemm(ctx_, lora_product({T, r, s->out, false, false, scale, 0.0f}, "lora_dt"), MatrixView{dy, DType::f32, 0, s->out},
             b, dt, lora_kernel(b));
+  if (fold) {
+    // dx (=|+=) [dy | dt] [W ; A]: the LoRA part of dx inside the base product, K = out + P (dt
+    // and A rounded to fp16, zero rows up to P).
+    const uint32_t P = lora_pad_, K = lin.out + P;
+    const MatrixView dyin = base_input(dy, lin.out, false, P);
+    ops::to_f16_block(ctx_, grad_->dt, lora_column_[static_cast<int>(kind)], lora_width_, input16_, lin.out, K, T, r, P);
+    ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16);
+    const uint64_t below = uint64_t(lin.out) * lin.in;  // W's elements: A's rows follow
+    ops::to_f16_block(ctx_, lora_.params(), s->a_offset, lin.in, nf4_scratch_, below, lin.in, r, lin.in, lin.in);
+    if (P > r) ops::to_f16_block(ctx_, lora_.params(), 0, lin.in, nf4_scratch_, below + uint64_t(r) * lin.in, lin.in, P - r, 0, lin.in);
+    ops::gemm(ctx_, GemmShape{T, lin.in, K, false, false, 1.0f, beta}, dyin, MatrixView{nf4_scratch_, DType::f16, 0, lin.in},
+              MatrixView{dx, DType::f32, 0, lin.in}, options_.base_kernel);
+  }
   if (dropout_on_) {
     lora_input_backward_dropout(layer, *s, x, dx, lora_grad_scale_);
     return;
   }
   if (grouped) return;  // dA and dx for the group: lora_group_backward
   // dA += dt^T x                  [r, in]
-  const MatrixView xb = lora_input_operand(x, s->in), a = lora_weight(s->a_offset, s->in);
+  const MatrixView xb = lora_input_operand(x, s->in);
   ops::gemm(ctx_, lora_product({r, s->in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"), dt, xb,
             MatrixView{lora_.grad_a(*s), DType::f32, 0, s->in}, lora_kernel(xb));
-  // dx += dt A                    [T, in]
-  ops::gemm(ctx_, lora_product({T, s->in, r, false, false, 1.0f, 1.0f}, "lora_dx"), dt, a,
-            MatrixView{dx, DType::f32, 0, s->in}, lora_kernel(a));
+  // dx += dt A                    [T, in], with fp32 A as lora_tb (linear_forward)
+  if (!fold)
+    ops::gemm(ctx_, lora_product({T, s->in, r, false, false, 1.0f, 1.0f}, "lora_dx"), dt,
+              MatrixView{lora_.params(), DType::f32, s->a_offset, s->in}, MatrixView{dx, DType::f32, 0, s->in});
 }
 
 void Transformer::set_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro_batch) {
@@ -382,8 +443,8 @@ void Transformer::lora_input_backward_dropout(size_t layer, const LoraSlot& s, c
     ops::gemm(ctx_, lora_product({r, s.in, n, true, false, grad_a_scale, 1.0f}, "lora_da"), dt_rows, scratch,
               MatrixView{lora_.grad_a(s), DType::f32, 0, s.in});
     // scratch = dt[rows] A;  dx[rows] += mask * scratch (dropout's backward is the same mask)
-    const MatrixView a = lora_weight(s.a_offset, s.in);
-    ops::gemm(ctx_, lora_product({n, s.in, r, false, false, 1.0f, 0.0f}, "lora_dx"), dt_rows, a, scratch, lora_kernel(a));
+    ops::gemm(ctx_, lora_product({n, s.in, r, false, false, 1.0f, 0.0f}, "lora_dx"), dt_rows,
+              MatrixView{lora_.params(), DType::f32, s.a_offset, s.in}, scratch);
     ops::dropout_apply(ctx_, d, dropout_scratch_, 0, dx, uint64_t(r0) * s.in, r0, n, s.in, true);
   }
 }

@@ -109,7 +109,13 @@ class Transformer {
   ops::MatrixView base_fp16(const BaseLinear& lin);
   // A base product's input [T, cols]: x itself, or its fp16 copy in input16_ (mixed); ready: the
   // previous product had the same input, so input16_ holds its copy already.
-  ops::MatrixView base_input(const gpu::Buffer& x, uint32_t cols, bool ready = false);
+  // extra: the copy's rows are cols + extra long, room for a LoRA factor beside x (lora_folds).
+  ops::MatrixView base_input(const gpu::Buffer& x, uint32_t cols, bool ready = false, uint32_t extra = 0);
+  // Whether this projection's LoRA update runs inside its base product: y = [x | t] [W | s B]^T
+  // forward, dx = [dy | dt] [W ; A] backward (mixed, fp16 LoRA products, NF4 weights dequantised
+  // into nf4_scratch_, fp16 input copies), instead of rank-r passes over y and dx, which read and
+  // write them whole: on an H100 those were 9% of the Qwen3-4B step (docs/benchmarks.md).
+  bool lora_folds(const BaseLinear& lin, const LoraSlot* s) const;
   // y (=|+=) x W^T (+ b) + scale * (x A^T) B^T; saves x A^T in lora_t (x -> dropout(x) in the
   // LoRA path while dropout acts).
   // lora_t is the layer's [T, targets * r] buffer of LoRA inputs (LayerActs::t); with
@@ -160,7 +166,8 @@ class Transformer {
   ops::FlashKernel flash_kernel_ = ops::FlashKernel::automatic;
   gpu::Buffer input16_;  // fp16 copy of a base product's input (TransformerOptions::fp16_input_copies)
   gpu::Buffer input16_source_;  // what input16_ holds a copy of (base_input), and its width
-  uint32_t input16_cols_ = 0;
+  uint32_t input16_cols_ = 0, input16_ld_ = 0;
+  uint32_t lora_pad_ = 0;  // K columns a folded product gives its LoRA factor (rank rounded up); 0: none fold
   gpu::Buffer nf4_scratch_;  // fp16 dequantised weight (TransformerOptions::Nf4Products::dequantized)
   float lora_grad_scale_ = 1.0f;                 // factor of the LoRA gradient products (run)
   // TransformerOptions::LoraProducts resolved: fp16 operands. lora16_: fp16 copy of the LoRA

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "ops/chunking.h"
+
 namespace forja::ops {
 
 namespace {
@@ -96,6 +98,38 @@ void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint6
     const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((pairs + kThreads - 1) / kThreads, kMaxGroups));
     ctx.dispatch(p, {{x.slice(start * 4, len * 4), gpu::Access::read}, {y.slice(start * 2, pairs * 4), gpu::Access::write}},
                  EwPush{static_cast<uint32_t>(len), 0.0f}, groups, 1, 1, "ew_to_f16");
+  }
+}
+
+void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first, uint32_t src_ld,
+                  const gpu::Buffer& dst, uint64_t dst_first, uint32_t dst_ld, uint32_t rows, uint32_t cols,
+                  uint32_t width, float scale) {
+  if (rows == 0 || width == 0) return;
+  if (cols > width || dst_first % 2 || dst_ld % 2 || width % 2 || width > dst_ld || (cols > 0 && cols > src_ld))
+    throw std::logic_error("to_f16_block: bad block shape (even dst offset, row stride and width; cols <= width)");
+  const uint64_t src_span = cols > 0 ? uint64_t(rows - 1) * src_ld + cols : 0;
+  const uint64_t dst_span = uint64_t(rows - 1) * dst_ld + width;
+  if ((src_first + src_span) * 4 > src.size || (dst_first + dst_span) * 2 > dst.size)
+    throw std::logic_error("to_f16_block: the block reaches past its buffer");
+  struct Push {
+    uint32_t rows, cols, width, src_ld, src_off, dst_ld, dst_off;
+    float scale;
+  };
+  const auto& p = ctx.pipelines().get("to_f16_block", 2, sizeof(Push));
+  // Rows per dispatch: both windows within the binding limit (and 32-bit indices).
+  const uint64_t range = std::min<uint64_t>(usable_binding_bytes(ctx), 1ull << 31);
+  const uint64_t row_bytes = std::max<uint64_t>(uint64_t(src_ld) * 4 * (cols > 0), uint64_t(dst_ld) * 2);
+  const uint32_t per = static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(rows, range / row_bytes)));
+  for (uint32_t r0 = 0; r0 < rows; r0 += per) {
+    const uint32_t n = std::min(per, rows - r0);
+    const Window ws = cols > 0 ? window(ctx, src, (src_first + uint64_t(r0) * src_ld) * 4,
+                                        (uint64_t(n - 1) * src_ld + cols) * 4)
+                               : window(ctx, src, 0, 4);
+    const Window wd = window(ctx, dst, (dst_first + uint64_t(r0) * dst_ld) * 2, (uint64_t(n - 1) * dst_ld + width) * 2, 2);
+    const uint64_t pairs = uint64_t(n) * width / 2;
+    const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((pairs + kThreads - 1) / kThreads, kMaxGroups));
+    ctx.dispatch(p, {{ws.view, gpu::Access::read}, {wd.view, gpu::Access::write}},
+                 Push{n, cols, width, src_ld, ws.first, dst_ld, wd.first, scale}, groups, 1, 1, "to_f16_block");
   }
 }
 

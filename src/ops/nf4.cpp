@@ -13,6 +13,7 @@ namespace {
 struct DequantPush {
   uint32_t first, count, groups_x;
   float absmax_offset;
+  uint32_t cols, ld;
 };
 
 // Must match Nf4GemmPush in kernels/nf4_gemm.comp and nf4_gemm_coopmat.comp.
@@ -193,13 +194,18 @@ void free_nf4(gpu::Context& ctx, Nf4Weight& w) {
   w = Nf4Weight{};
 }
 
-void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out, DType out_dtype) {
+void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out, DType out_dtype, uint32_t out_ld) {
   check_weight(w, "nf4_dequantize");
   const uint64_t n = uint64_t(w.rows) * w.cols;
   const uint64_t es = dtype_bytes(out_dtype);
-  if (out.size < n * es) throw std::logic_error("nf4_dequantize: output buffer smaller than rows x cols elements");
+  if (out_ld == 0) out_ld = w.cols;
+  const uint64_t span = uint64_t(w.rows - 1) * out_ld + w.cols;
+  if (out.size < span * es) throw std::logic_error("nf4_dequantize: output buffer smaller than its rows");
   if (out_dtype == DType::f16 && n % 8 != 0)
     throw std::logic_error("nf4_dequantize: fp16 output needs rows x cols to be a multiple of 8");
+  if (out_ld != w.cols && (out_dtype != DType::f16 || out_ld < w.cols || w.cols % 8 || out_ld % 8 ||
+                           span * es > ctx.info().max_storage_buffer_range))
+    throw std::logic_error("nf4_dequantize: a row stride needs fp16, cols and stride multiples of 8, one binding");
   // Elements per dispatch: within the binding limit, a multiple of 8 (one packed word per
   // invocation) and of the offset alignment.
   const uint64_t step = std::max<uint64_t>(8, offset_alignment(ctx) / es);
@@ -210,12 +216,12 @@ void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& ou
   const auto& p = ctx.pipelines().get(name, 5, sizeof(DequantPush), {w.double_quant ? 1u : 0u});
   for (uint64_t first = 0; first < n; first += chunk) {
     const uint64_t count = std::min(chunk, n - first);
-    bindings[4] = {out.slice(first * es, count * es), gpu::Access::write};
+    bindings[4] = {out_ld == w.cols ? out.slice(first * es, count * es) : out.slice(0, span * es), gpu::Access::write};
     const uint64_t groups = (count + 8 * 256 - 1) / (8 * 256);
     const uint32_t gx = static_cast<uint32_t>(std::min<uint64_t>(groups, 65535));
     const uint32_t gy = static_cast<uint32_t>((groups + gx - 1) / gx);
     DequantPush push{static_cast<uint32_t>(first), static_cast<uint32_t>(count), gx,
-                     w.double_quant ? w.absmax_offset : 0.0f};
+                     w.double_quant ? w.absmax_offset : 0.0f, w.cols, out_ld};
     ctx.dispatch(p, bindings, push, gx, gy, 1, "nf4_dequantize");
   }
 }

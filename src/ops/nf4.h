@@ -43,8 +43,11 @@ void free_nf4(gpu::Context& ctx, Nf4Weight& w);
 // out [rows, cols] = dequant(W): fp32 bit-identical to model::nf4_dequantize (tests, merges), or
 // fp16 rounded to nearest even (mixed precision dequantises a layer's weight into a scratch
 // buffer and multiplies with the dense cooperative-matrix GEMM; rows x cols a multiple of 8).
-// Outputs beyond the binding limit are written in several dispatches.
-void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out, DType out_dtype = DType::f32);
+// Outputs beyond the binding limit are written in several dispatches. out_ld (fp16 only, 0 = cols):
+// row r goes to elements [r * out_ld, r * out_ld + cols) of out, leaving columns beside each row
+// for another operand (cols and out_ld multiples of 8; the whole output within one binding).
+void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out, DType out_dtype = DType::f32,
+                    uint32_t out_ld = 0);
 
 // The kernel `automatic` resolves to on this device for `operands`: scalar for f32; coopmat, or
 // scalar (rounding to fp16) where there is none, for f16.

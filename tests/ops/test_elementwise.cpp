@@ -72,6 +72,49 @@ TEST_F(ElementwiseTest, ToF16IsTheCpuRounding) {
   }
 }
 
+// A block of a strided fp32 matrix, scaled and rounded into a block of a strided fp16 one, zero
+// padded to its width; everything outside the block untouched. Bit-exact against the CPU
+// rounding of the fp32 product scale * x (the kernel multiplies in fp32 too).
+TEST_F(ElementwiseTest, ToF16BlockWritesItsBlockOnly) {
+  struct Case {
+    uint32_t rows, cols, width, src_ld, src_first, dst_ld, dst_first;
+    float scale;
+  };
+  const Case cases[] = {{5, 3, 8, 7, 2, 12, 4, 1.0f},   {1, 16, 16, 16, 0, 16, 0, 2.0f},
+                        {33, 16, 64, 48, 16, 130, 66, -0.5f}, {7, 0, 6, 5, 0, 10, 2, 1.0f},
+                        {300, 37, 38, 37, 0, 38, 0, 3.0f}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " -> width " + std::to_string(c.width));
+    const size_t src_n = size_t(c.src_first) + size_t(c.rows) * c.src_ld + 4;
+    const auto x = random(src_n);
+    auto gx = upload(x);
+    const size_t dst_n = size_t(c.dst_first) + size_t(c.rows) * c.dst_ld + 8;
+    const uint16_t sentinel = 0x7e00;
+    std::vector<uint16_t> init(dst_n, sentinel);
+    gpu::Buffer gy = ctx().alloc(dst_n * 2);
+    ctx().upload(gy, init);
+    ops::to_f16_block(ctx(), gx, c.src_first, c.src_ld, gy, c.dst_first, c.dst_ld, c.rows, c.cols, c.width, c.scale);
+    const auto got = ctx().download<uint16_t>(gy, dst_n);
+    size_t bad = 0;
+    for (size_t e = 0; e < dst_n; ++e) {
+      uint16_t want = sentinel;
+      if (e >= c.dst_first) {
+        const size_t r = (e - c.dst_first) / c.dst_ld, col = (e - c.dst_first) % c.dst_ld;
+        if (r < c.rows && col < c.width)
+          want = col < c.cols ? io::float_to_f16(c.scale * x[c.src_first + r * c.src_ld + col]) : uint16_t(0);
+      }
+      if (got[e] != want && bad++ < 5) ADD_FAILURE() << "half " << e << ": " << got[e] << ", want " << want;
+    }
+    EXPECT_EQ(bad, 0u);
+    ctx().free(gy);
+  }
+  gpu::Buffer g = ctx().alloc(1024);
+  EXPECT_THROW(ops::to_f16_block(ctx(), g, 0, 4, g, 1, 8, 2, 4, 4), std::logic_error);  // odd offset
+  EXPECT_THROW(ops::to_f16_block(ctx(), g, 0, 4, g, 0, 8, 2, 6, 4), std::logic_error);  // cols > width
+  EXPECT_THROW(ops::to_f16_block(ctx(), g, 0, 4, g, 0, 8, 200, 4, 4), std::logic_error);  // past the end
+  ctx().free(g);
+}
+
 TEST_F(ElementwiseTest, InPlaceAdd) {
   const size_t n = 1001;
   auto a = random(n), b = random(n);

@@ -234,6 +234,42 @@ TEST_F(Nf4GpuTest, DequantizeToF16IsTheCpuValueRounded) {
     }
 }
 
+// With a row stride (room beside each row for a LoRA factor, model/transformer.cpp): each row
+// lands at r * ld, the columns between rows are left as they were.
+TEST_F(Nf4GpuTest, DequantizeToF16WithARowStrideLeavesTheGapsAlone) {
+  const uint32_t shapes[][3] = {{96, 72, 136}, {3, 1000, 1064}, {17, 8, 16}, {40, 264, 272}};
+  for (const auto& shape : shapes) {
+    const uint32_t rows = shape[0], cols = shape[1], ld = shape[2];
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " ld " + std::to_string(ld));
+    const model::Nf4Tensor t = model::nf4_quantize(random_weight(rows, cols, 5), {rows, cols}, {true, 0});
+    const std::vector<float> want = model::nf4_dequantize(t);
+    ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
+    const uint16_t sentinel = 0x7e00;
+    std::vector<uint16_t> init(size_t(rows) * ld + 16, sentinel);
+    gpu::Buffer out = ctx().alloc(init.size() * 2);
+    ctx().upload(out, init);
+    ops::nf4_dequantize(ctx(), gw, out, DType::f16, ld);
+    const std::vector<uint16_t> got = ctx().download<uint16_t>(out, init.size());
+    ops::free_nf4(ctx(), gw);
+    ctx().free(out);
+    size_t bad = 0;
+    for (size_t e = 0; e < got.size(); ++e) {
+      const size_t r = e / ld, c = e % ld;
+      const uint16_t expect = r < rows && c < cols ? io::float_to_f16(want[r * cols + c]) : sentinel;
+      if (got[e] != expect && bad++ < 5) ADD_FAILURE() << "element " << e << ": " << got[e] << ", want " << expect;
+    }
+    EXPECT_EQ(bad, 0u);
+  }
+  // fp32 output, or a stride that is not a multiple of 8, is refused
+  const model::Nf4Tensor t = model::nf4_quantize(random_weight(8, 16, 1), {8, 16}, {false, 0});
+  ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
+  gpu::Buffer out = ctx().alloc(4096);
+  EXPECT_THROW(ops::nf4_dequantize(ctx(), gw, out, DType::f32, 24), std::logic_error);
+  EXPECT_THROW(ops::nf4_dequantize(ctx(), gw, out, DType::f16, 20), std::logic_error);
+  ops::free_nf4(ctx(), gw);
+  ctx().free(out);
+}
+
 TEST_F(Nf4GpuTest, DequantizeToF16RejectsSizesNotAMultipleOf8) {
   const model::Nf4Tensor t = model::nf4_quantize(random_weight(7, 9, 1), {7, 9}, {false, 0});
   ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);

@@ -1,0 +1,33 @@
+#version 450
+// A block of an fp32 matrix rounded into a block of an fp16 one (ops::to_f16_block), for the
+// products that take several operands side by side: mixed precision's base products with the
+// LoRA factors folded in (model/transformer.cpp: x16 | t16 against W | s B, dy16 | dt16 against
+// W ; A). dst[r][c] = fp16(scale * src[r][c]) for c < cols, 0 for cols <= c < width (padding up
+// to whole K tiles), r < rows; both row-major with their own row strides, from element offsets.
+// Rounding is round to nearest even (round_to_f16) as in to_f16. One invocation per packed pair
+// of halves, grid-stride: dst_off, dst_ld and width are even (the host checks).
+//! variant to_f16_block
+#include "f16_round.glsl"
+layout(local_size_x = 256) in;
+layout(push_constant) uniform PC {
+  uint rows, cols, width;  // block shape: rows x width written, the first cols columns from src
+  uint src_ld, src_off;    // in fp32 elements
+  uint dst_ld, dst_off;    // in fp16 elements
+  float scale;
+} pc;
+
+layout(set = 0, binding = 0) readonly buffer Src { float src[]; };
+layout(set = 0, binding = 1) writeonly buffer Dst { uint dst[]; };  // two halves per uint
+
+void main() {
+  const uint pairs = pc.width / 2u;
+  const uint total = pc.rows * pairs;
+  const uint stride = gl_NumWorkGroups.x * 256u;
+  for (uint i = gl_GlobalInvocationID.x; i < total; i += stride) {
+    const uint r = i / pairs, c = (i % pairs) * 2u;
+    const uint s = pc.src_off + r * pc.src_ld + c;
+    const float lo = c < pc.cols ? pc.scale * src[s] : 0.0;
+    const float hi = c + 1u < pc.cols ? pc.scale * src[s + 1u] : 0.0;
+    dst[(pc.dst_off + r * pc.dst_ld + c) / 2u] = packHalf2x16(vec2(round_to_f16(lo), round_to_f16(hi)));
+  }
+}
