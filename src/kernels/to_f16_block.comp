@@ -4,8 +4,9 @@
 // LoRA factors folded in (model/transformer.cpp: x16 | t16 against W | s B, dy16 | dt16 against
 // W ; A). dst[r][c] = fp16(scale * src[r][c]) for c < cols, 0 for cols <= c < width (padding up
 // to whole K tiles), r < rows; both row-major with their own row strides, from element offsets.
-// Rounding is round to nearest even (round_to_f16) as in to_f16. One invocation per packed pair
-// of halves, grid-stride: dst_off, dst_ld and width are even (the host checks).
+// Rounding is round to nearest even (round_to_f16) as in to_f16. Workgroup row gl_WorkGroupID.y
+// of the dispatch, one invocation per packed pair of halves along it (grid-stride over the row:
+// no divisions); dst_off, dst_ld and width are even (the host checks).
 //! variant to_f16_block
 #include "f16_round.glsl"
 layout(local_size_x = 256) in;
@@ -20,14 +21,11 @@ layout(set = 0, binding = 0) readonly buffer Src { float src[]; };
 layout(set = 0, binding = 1) writeonly buffer Dst { uint dst[]; };  // two halves per uint
 
 void main() {
-  const uint pairs = pc.width / 2u;
-  const uint total = pc.rows * pairs;
-  const uint stride = gl_NumWorkGroups.x * 256u;
-  for (uint i = gl_GlobalInvocationID.x; i < total; i += stride) {
-    const uint r = i / pairs, c = (i % pairs) * 2u;
-    const uint s = pc.src_off + r * pc.src_ld + c;
-    const float lo = c < pc.cols ? pc.scale * src[s] : 0.0;
-    const float hi = c + 1u < pc.cols ? pc.scale * src[s + 1u] : 0.0;
-    dst[(pc.dst_off + r * pc.dst_ld + c) / 2u] = packHalf2x16(vec2(round_to_f16(lo), round_to_f16(hi)));
+  const uint r = gl_WorkGroupID.y;
+  const uint s = pc.src_off + r * pc.src_ld, d = (pc.dst_off + r * pc.dst_ld) / 2u;
+  for (uint c = 2u * gl_GlobalInvocationID.x; c < pc.width; c += 2u * gl_NumWorkGroups.x * 256u) {
+    const float lo = c < pc.cols ? pc.scale * src[s + c] : 0.0;
+    const float hi = c + 1u < pc.cols ? pc.scale * src[s + c + 1u] : 0.0;
+    dst[d + c / 2u] = packHalf2x16(vec2(round_to_f16(lo), round_to_f16(hi)));
   }
 }

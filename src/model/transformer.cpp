@@ -140,6 +140,7 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
     if (widest > 0)
       input16_ = alloc((uint64_t(max_tokens_) * (widest + P) * 2 + 3) / 4 * 4, "base product input (fp16)");
   }
+  if (lora_pad_ > 0) dt16_ = alloc((uint64_t(max_tokens_) * lora_width_ * 2 + 3) / 4 * 4, "lora dt (fp16)");
   if (lora_f16_) {
     lora16_ = alloc((lora_.params().size / 4 * 2 + 3) / 4 * 4, "LoRA parameters (fp16 copy)");
     t16_ = alloc((uint64_t(max_tokens_) * lora_width_ * 2 + 3) / 4 * 4, "lora t (fp16)");
@@ -286,14 +287,19 @@ uint32_t Transformer::lora_group(size_t layer, std::initializer_list<LinearKind>
   return n;
 }
 
-void Transformer::lora_group_forward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x,
+bool Transformer::lora_group_forward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x,
                                      const gpu::Buffer& lora_t) {
   const LoraSlot& s = *lora_.find(static_cast<int64_t>(layer), first);
   const uint32_t T = tokens_, rows = n * s.rank;
-  // [t_1 .. t_n] = x [A_1; ..; A_n]^T: one pass over x for n adapters.
+  // [t_1 .. t_n] = x [A_1; ..; A_n]^T: one pass over x for n adapters. Folded projections
+  // (lora_group keeps a group all folded or none) read x's fp16 copy, which linear_forward then
+  // reuses (same x, same row length).
+  const bool folded = lora_folds(base_.layers[layer].linears[static_cast<int>(first)], &s);
   const MatrixView a = lora_weight(s.a_offset, s.in);
-  ops::gemm(ctx_, lora_product({T, rows, s.in, false, true}, "lora_xa"), MatrixView{x, DType::f32, 0, s.in}, a,
-            lora_view(lora_t, first), lora_kernel(a));
+  const MatrixView in = folded ? base_input(x, s.in, false, lora_pad_) : MatrixView{x, DType::f32, 0, s.in};
+  ops::gemm(ctx_, lora_product({T, rows, s.in, false, true}, "lora_xa"), in, a, lora_view(lora_t, first),
+            lora_kernel(a));
+  return folded;
 }
 
 void Transformer::lora_group_backward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x,
@@ -303,12 +309,18 @@ void Transformer::lora_group_backward(size_t layer, LinearKind first, uint32_t n
   const MatrixView dt = lora_view(grad_->dt, first);
   // [dA_1; ..; dA_n] += [dt_1 .. dt_n]^T x;  dx += [dt_1 .. dt_n] [A_1; ..; A_n]
   const MatrixView xb = lora_input_operand(x, s.in);
+  if (lora_folds(base_.layers[layer].linears[static_cast<int>(first)], &s)) {
+    // Folded projections (lora_group keeps a group all folded or none) took dt A into dy W and
+    // left dt's fp16 copy in dt16_.
+    ops::gemm(ctx_, lora_product({rows, s.in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"),
+              MatrixView{dt16_, DType::f16, lora_column_[static_cast<int>(first)], lora_width_}, xb,
+              MatrixView{lora_.grads(), DType::f32, s.a_offset, s.in}, options_.base_kernel);
+    return;
+  }
   ops::gemm(ctx_, lora_product({rows, s.in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"), dt, xb,
             MatrixView{lora_.grads(), DType::f32, s.a_offset, s.in}, lora_kernel(xb));
-  // Folded projections (lora_group keeps a group all folded or all not) took dt A into dy W.
-  if (!lora_folds(base_.layers[layer].linears[static_cast<int>(first)], &s))
-    ops::gemm(ctx_, lora_product({T, s.in, rows, false, false, 1.0f, 1.0f}, "lora_dx"), dt,
-              MatrixView{lora_.params(), DType::f32, s.a_offset, s.in}, MatrixView{dx, DType::f32, 0, s.in});
+  ops::gemm(ctx_, lora_product({T, s.in, rows, false, false, 1.0f, 1.0f}, "lora_dx"), dt,
+            MatrixView{lora_.params(), DType::f32, s.a_offset, s.in}, MatrixView{dx, DType::f32, 0, s.in});
 }
 
 void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
@@ -317,13 +329,16 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
   const uint32_t T = tokens_;
   const float beta = accumulate ? 1.0f : 0.0f;
   const LoraSlot* slot = lora_.find(static_cast<int64_t>(layer), kind);
-  // t = x A^T (or dropout(x) A^T)  [T, r], unless lora_group_forward made it
-  if (slot && !lora_t_ready) lora_input_forward(layer, *slot, x, lora_t);
   if (lora_folds(lin, slot)) {
     // y (=|+=) [x | t] [W | scale B]^T: the LoRA update inside the base product, K = in + P
     // (t and scale B rounded to fp16, zero columns up to P), instead of a second pass over y.
     const uint32_t P = lora_pad_, K = lin.in + P, r = slot->rank;
     const MatrixView xin = base_input(x, lin.in, input16_ready, P);
+    // t = x A^T from x's fp16 copy (dropout: dropout(x) A^T), unless lora_group_forward made it
+    if (!lora_t_ready && dropout_on_) lora_input_forward(layer, *slot, x, lora_t);
+    if (!lora_t_ready && !dropout_on_)
+      ops::gemm(ctx_, lora_product({T, r, lin.in, false, true}, "lora_xa"), xin, lora_weight(slot->a_offset, lin.in),
+                lora_view(lora_t, kind), options_.base_kernel);
     ops::to_f16_block(ctx_, lora_t, lora_column_[static_cast<int>(kind)], lora_width_, input16_, lin.in, K, T, r, P);
     ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16, K);
     ops::to_f16_block(ctx_, lora_.params(), slot->b_offset, r, nf4_scratch_, lin.in, K, lin.out, r, P, lora_.scale());
@@ -332,6 +347,8 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
     if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
     return;
   }
+  // t = x A^T (or dropout(x) A^T)  [T, r], unless lora_group_forward made it
+  if (slot && !lora_t_ready) lora_input_forward(layer, *slot, x, lora_t);
   if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {  // mixed: fp16 W, x rounded to fp16 as it is loaded
@@ -355,10 +372,9 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   const float beta = accumulate_dx ? 1.0f : 0.0f;
   const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind);
   // With dropout dx gets mask * (dt A), which cannot join dy W.
-  const bool fold = !dropout_on_ && lora_folds(lin, s);
-  // dx (=|+=) dy W; folded: below, once dt is known
-  if (fold) {
-  } else if (lin.nf4 && !nf4_scratch_.valid()) {
+  if (!dropout_on_ && lora_folds(lin, s)) return linear_backward_folded(lin, *s, x, dy, dx, beta, grouped);
+  // dx (=|+=) dy W
+  if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_dyw(ctx_, dy, *lin.nf4, dx, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {
     ops::gemm(ctx_, GemmShape{T, lin.in, lin.out, false, false, 1.0f, beta}, base_input(dy, lin.out), base_fp16(lin),
@@ -375,19 +391,6 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   // dt = scale * dy B             [T, r]
   ops::gemm(ctx_, lora_product({T, r, s->out, false, false, scale, 0.0f}, "lora_dt"), MatrixView{dy, DType::f32, 0, s->out},
             b, dt, lora_kernel(b));
-  if (fold) {
-    // dx (=|+=) [dy | dt] [W ; A]: the LoRA part of dx inside the base product, K = out + P (dt
-    // and A rounded to fp16, zero rows up to P).
-    const uint32_t P = lora_pad_, K = lin.out + P;
-    const MatrixView dyin = base_input(dy, lin.out, false, P);
-    ops::to_f16_block(ctx_, grad_->dt, lora_column_[static_cast<int>(kind)], lora_width_, input16_, lin.out, K, T, r, P);
-    ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16);
-    const uint64_t below = uint64_t(lin.out) * lin.in;  // W's elements: A's rows follow
-    ops::to_f16_block(ctx_, lora_.params(), s->a_offset, lin.in, nf4_scratch_, below, lin.in, r, lin.in, lin.in);
-    if (P > r) ops::to_f16_block(ctx_, lora_.params(), 0, lin.in, nf4_scratch_, below + uint64_t(r) * lin.in, lin.in, P - r, 0, lin.in);
-    ops::gemm(ctx_, GemmShape{T, lin.in, K, false, false, 1.0f, beta}, dyin, MatrixView{nf4_scratch_, DType::f16, 0, lin.in},
-              MatrixView{dx, DType::f32, 0, lin.in}, options_.base_kernel);
-  }
   if (dropout_on_) {
     lora_input_backward_dropout(layer, *s, x, dx, lora_grad_scale_);
     return;
@@ -398,9 +401,42 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   ops::gemm(ctx_, lora_product({r, s->in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"), dt, xb,
             MatrixView{lora_.grad_a(*s), DType::f32, 0, s->in}, lora_kernel(xb));
   // dx += dt A                    [T, in], with fp32 A as lora_tb (linear_forward)
-  if (!fold)
-    ops::gemm(ctx_, lora_product({T, s->in, r, false, false, 1.0f, 1.0f}, "lora_dx"), dt,
-              MatrixView{lora_.params(), DType::f32, s->a_offset, s->in}, MatrixView{dx, DType::f32, 0, s->in});
+  ops::gemm(ctx_, lora_product({T, s->in, r, false, false, 1.0f, 1.0f}, "lora_dx"), dt,
+            MatrixView{lora_.params(), DType::f32, s->a_offset, s->in}, MatrixView{dx, DType::f32, 0, s->in});
+}
+
+void Transformer::linear_backward_folded(const BaseLinear& lin, const LoraSlot& s, const gpu::Buffer& x,
+                                         const gpu::Buffer& dy, const gpu::Buffer& dx, float beta, bool grouped) {
+  const uint32_t T = tokens_, r = s.rank, P = lora_pad_, K = lin.out + P;
+  const float scale = lora_.scale();
+  const uint32_t column = lora_column_[static_cast<int>(s.kind)];
+  // Every LoRA product here reads fp16 copies only (no fp32 operand rounded while loaded):
+  // dy16 [T, out + P] in input16_, t16 (layer_backward), dt16 below, x16 for dA.
+  const MatrixView dy16 = base_input(dy, lin.out, false, P);
+  // dB += scale * dy^T t          [out, r]   (lora_grad_scale_: see run)
+  ops::gemm(ctx_, lora_product({lin.out, r, T, true, false, scale * lora_grad_scale_, 1.0f}, "lora_db"), dy16,
+            MatrixView{t16_, DType::f16, column, lora_width_}, MatrixView{lora_.grad_b(s), DType::f32, 0, r},
+            options_.base_kernel);
+  // dt = scale * dy B             [T, r], then its fp16 copies: beside dy16 and in dt16_ (for dA)
+  const MatrixView dt = lora_view(grad_->dt, s.kind);
+  ops::gemm(ctx_, lora_product({T, r, lin.out, false, false, scale, 0.0f}, "lora_dt"), dy16, lora_weight(s.b_offset, r), dt,
+            options_.base_kernel);
+  ops::to_f16_block(ctx_, grad_->dt, column, lora_width_, input16_, lin.out, K, T, r, P);
+  ops::to_f16_block(ctx_, grad_->dt, column, lora_width_, dt16_, column, lora_width_, T, r, r);
+  // dx (=|+=) [dy | dt] [W ; A]: the LoRA part of dx inside the base product, K = out + P (dt and
+  // A rounded to fp16, zero rows up to P).
+  ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16);
+  const uint64_t below = uint64_t(lin.out) * lin.in;  // W's elements: A's rows follow
+  ops::to_f16_block(ctx_, lora_.params(), s.a_offset, lin.in, nf4_scratch_, below, lin.in, r, lin.in, lin.in);
+  if (P > r)
+    ops::to_f16_block(ctx_, lora_.params(), 0, lin.in, nf4_scratch_, below + uint64_t(r) * lin.in, lin.in, P - r, 0, lin.in);
+  ops::gemm(ctx_, GemmShape{T, lin.in, K, false, false, 1.0f, beta}, dy16, MatrixView{nf4_scratch_, DType::f16, 0, lin.in},
+            MatrixView{dx, DType::f32, 0, lin.in}, options_.base_kernel);
+  if (grouped) return;  // dA for the group: lora_group_backward
+  // dA += dt^T x                  [r, in]
+  ops::gemm(ctx_, lora_product({r, lin.in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"),
+            MatrixView{dt16_, DType::f16, column, lora_width_}, base_input(x, lin.in),
+            MatrixView{lora_.grad_a(s), DType::f32, 0, lin.in}, options_.base_kernel);
 }
 
 void Transformer::set_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro_batch) {
@@ -460,14 +496,14 @@ void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a,
   ops::rmsnorm_forward(ctx_, x_in, L.input_norm, DType::f32, a.h1, a.rstd1, T, H, eps);
   // The LoRA inputs t of projections that read the same input, in one product.
   const uint32_t qkv = lora_group(i, {K::Q, K::K, K::V});
-  if (qkv) lora_group_forward(i, K::Q, qkv, a.h1, a.t);
+  const bool qkv16 = qkv && lora_group_forward(i, K::Q, qkv, a.h1, a.t);  // left h1's fp16 copy
   if (c_.qk_norm) {
-    linear_forward(i, K::Q, a.h1, a.q_raw, a.t, false, qkv > 0);
+    linear_forward(i, K::Q, a.h1, a.q_raw, a.t, false, qkv > 0, qkv16);
     linear_forward(i, K::K, a.h1, a.k_raw, a.t, false, qkv > 1, true);
     ops::rmsnorm_forward(ctx_, a.q_raw, L.q_norm, DType::f32, a.q, a.rstd_q, T * nh, d, eps);
     ops::rmsnorm_forward(ctx_, a.k_raw, L.k_norm, DType::f32, a.k, a.rstd_k, T * nkv, d, eps);
   } else {
-    linear_forward(i, K::Q, a.h1, a.q, a.t, false, qkv > 0);
+    linear_forward(i, K::Q, a.h1, a.q, a.t, false, qkv > 0, qkv16);
     linear_forward(i, K::K, a.h1, a.k, a.t, false, qkv > 1, true);
   }
   linear_forward(i, K::V, a.h1, a.v, a.t, false, qkv > 2, true);
@@ -487,8 +523,8 @@ void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a,
 
   ops::rmsnorm_forward(ctx_, a.x2, L.post_norm, DType::f32, a.h2, a.rstd2, T, H, eps);
   const uint32_t mlp = lora_group(i, {K::Gate, K::Up});
-  if (mlp) lora_group_forward(i, K::Gate, mlp, a.h2, a.t);
-  linear_forward(i, K::Gate, a.h2, a.g, a.t, false, mlp > 0);
+  const bool mlp16 = mlp && lora_group_forward(i, K::Gate, mlp, a.h2, a.t);
+  linear_forward(i, K::Gate, a.h2, a.g, a.t, false, mlp > 0, mlp16);
   linear_forward(i, K::Up, a.h2, a.u, a.t, false, mlp > 1, true);
   ops::swiglu_forward(ctx_, a.g, a.u, a.act, uint64_t(T) * I);
   if (x_out) {

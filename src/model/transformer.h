@@ -124,6 +124,9 @@ class Transformer {
   void linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
                       const gpu::Buffer& lora_t, bool accumulate, bool lora_t_ready = false,
                       bool input16_ready = false);
+  // linear_backward where lora_folds: dB, dt, dx = [dy | dt] [W ; A], dA (unless grouped).
+  void linear_backward_folded(const BaseLinear& lin, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& dy,
+                              const gpu::Buffer& dx, float beta, bool grouped);
   // grouped: leave dA and the LoRA part of dx to lora_group_backward.
   void linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
                        const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx, bool grouped = false);
@@ -143,7 +146,8 @@ class Transformer {
   uint32_t lora_group(size_t layer, std::initializer_list<LinearKind> kinds) const;
   // The n adapters from `first`: their t = x A^T in one product (forward); their dA += dt^T x
   // and dx += dt A in one product each (backward, after linear_backward wrote their dt).
-  void lora_group_forward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x, const gpu::Buffer& lora_t);
+  // Returns whether it left x's fp16 copy (with room for the folded factor) in input16_.
+  bool lora_group_forward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x, const gpu::Buffer& lora_t);
   void lora_group_backward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x, const gpu::Buffer& dx);
   // lora_t's block = x A^T, or dropout(x) A^T while dropout acts.
   void lora_input_forward(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& lora_t);
@@ -174,6 +178,7 @@ class Transformer {
   // parameters (made at the start of run); t16_: fp16 copy of the layer's t (layer_backward).
   bool lora_f16_ = false;
   gpu::Buffer lora16_, t16_;
+  gpu::Buffer dt16_;  // fp16 copy of dt for dA where products fold (linear_backward_folded)
   // The LoRA buffers' row width (targets * rank) and each target's first column (lora_view).
   uint32_t lora_width_ = 0;
   std::array<uint32_t, 7> lora_column_{};

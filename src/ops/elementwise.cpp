@@ -119,17 +119,17 @@ void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first,
   // Rows per dispatch: both windows within the binding limit (and 32-bit indices).
   const uint64_t range = std::min<uint64_t>(usable_binding_bytes(ctx), 1ull << 31);
   const uint64_t row_bytes = std::max<uint64_t>(uint64_t(src_ld) * 4 * (cols > 0), uint64_t(dst_ld) * 2);
-  const uint32_t per = static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(rows, range / row_bytes)));
+  // one workgroup row per matrix row: at most 65535 rows per dispatch
+  const uint32_t per = static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>({rows, range / row_bytes, 65535})));
   for (uint32_t r0 = 0; r0 < rows; r0 += per) {
     const uint32_t n = std::min(per, rows - r0);
     const Window ws = cols > 0 ? window(ctx, src, (src_first + uint64_t(r0) * src_ld) * 4,
                                         (uint64_t(n - 1) * src_ld + cols) * 4)
                                : window(ctx, src, 0, 4);
     const Window wd = window(ctx, dst, (dst_first + uint64_t(r0) * dst_ld) * 2, (uint64_t(n - 1) * dst_ld + width) * 2, 2);
-    const uint64_t pairs = uint64_t(n) * width / 2;
-    const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((pairs + kThreads - 1) / kThreads, kMaxGroups));
+    const uint32_t groups_x = (width / 2 + kThreads - 1) / kThreads;
     ctx.dispatch(p, {{ws.view, gpu::Access::read}, {wd.view, gpu::Access::write}},
-                 Push{n, cols, width, src_ld, ws.first, dst_ld, wd.first, scale}, groups, 1, 1, "to_f16_block");
+                 Push{n, cols, width, src_ld, ws.first, dst_ld, wd.first, scale}, groups_x, n, 1, "to_f16_block");
   }
 }
 
