@@ -280,7 +280,8 @@ void Run::load() {
   ctx_ = gpu::Context::create(c_.device, !world_.is_root(), world_.local_rank());
   // --precision auto becomes what this device runs best; config.yaml records the result.
   std::printf("%s\n", model::describe_precision_choice(c_.precision, *ctx_).c_str());
-  c_.precision = model::precision_name(model::resolve_precision(c_.precision, *ctx_));
+  const model::Precision precision = model::resolve_precision(c_.precision, *ctx_);
+  c_.precision = precision;
   config_yaml_ = c_.to_yaml();
   std::printf("model: %s, %lld layers, hidden %lld, vocab %lld\n", mc_.model_type.c_str(), (long long)mc_.num_layers,
               (long long)mc_.hidden_size, (long long)mc_.vocab_size);
@@ -292,8 +293,8 @@ void Run::load() {
   ts.checkpointing = c_.checkpointing();
   ts.activation_bytes = 4;  // the engine keeps fp32 activations in both precisions
   ts.lora_dropout = c_.lora_dropout;
-  ts.dense_weight_bytes = c_.precision == "mixed" ? 2 : 4;
-  ts.nf4 = c_.quant == "nf4";
+  ts.dense_weight_bytes = precision == model::Precision::mixed ? 2 : 4;
+  ts.nf4 = c_.quant == model::BaseQuant::nf4;
   ts.targets.clear();
   for (model::LinearKind k : model::kAllLinears)
     if (lora_settings_of(c_).targets[size_t(k)]) ts.targets.push_back(k);
@@ -303,10 +304,10 @@ void Run::load() {
 
   const auto checkpoint = io::SafetensorsCheckpoint::open(c_.model);
   model::BaseWeightOptions bo;
-  bo.quant = c_.quant == "nf4" ? model::BaseQuant::nf4 : model::BaseQuant::none;
+  bo.quant = c_.quant;
   bo.double_quant = c_.double_quant;
-  bo.dense_dtype = model::dense_dtype_for(model::parse_precision(c_.precision));
-  std::printf("loading the base model (%s)...\n", c_.quant == "nf4" ? "quantising to NF4" : "16-bit");
+  bo.dense_dtype = model::dense_dtype_for(precision);
+  std::printf("loading the base model (%s)...\n", c_.quant == model::BaseQuant::nf4 ? "quantising to NF4" : "16-bit");
   std::fflush(stdout);
   base_.emplace(model::load_base_weights(*ctx_, checkpoint, mc_, bo));
 
@@ -340,7 +341,7 @@ void Run::load() {
 
   tf_ = std::make_unique<model::Transformer>(*ctx_, *base_, *lora_, uint32_t(c_.batch_size), uint32_t(c_.seq_len),
                                              c_.checkpointing(),
-                                             model::TransformerOptions{model::parse_precision(c_.precision)});
+                                             model::TransformerOptions{precision});
   OptimizerSettings os;
   os.lr = c_.lr;
   os.beta1 = c_.adam_beta1;
@@ -348,7 +349,7 @@ void Run::load() {
   os.eps = c_.adam_eps;
   os.weight_decay = c_.weight_decay;
   os.max_grad_norm = c_.max_grad_norm;
-  os.schedule = parse_schedule(c_.lr_schedule);
+  os.schedule = c_.lr_schedule;
   os.total_steps = st_.total_steps;
   os.warmup_steps = c_.warmup_for(st_.total_steps);
   adamw_ = std::make_unique<AdamW>(*ctx_, *lora_, os);
@@ -583,7 +584,7 @@ int Run::execute() {
   const std::string ranks = world_.distributed() ? std::to_string(world_.size()) + " ranks x " : "";
   std::printf("training %lld steps of %s%lld x %lld micro-batches of %lld tokens (warm-up %lld, %s schedule)\n",
               (long long)st_.total_steps, ranks.c_str(), (long long)c_.grad_accum, (long long)c_.batch_size,
-              (long long)c_.seq_len, (long long)adamw_->settings().warmup_steps, c_.lr_schedule.c_str());
+              (long long)c_.seq_len, (long long)adamw_->settings().warmup_steps, schedule_name(c_.lr_schedule));
   std::fflush(stdout);
 
   report("running");
@@ -629,7 +630,7 @@ int Run::execute() {
                        "adapter was not updated. Last good checkpoint: %s. Lower --lr, raise --warmup-steps, or pass "
                        "--skip-nonfinite to skip such steps.%s\n",
                        (long long)st_.step + 1, loss, norm, all.empty() ? "none" : all.back().string().c_str(),
-                       c_.precision == "mixed"
+                       c_.precision == model::Precision::mixed
                            ? " With --precision mixed an activation beyond fp16's range (65504) entering a matrix "
                              "product does this too: resume with --precision fp32."
                            : "");
