@@ -174,7 +174,7 @@ int run_bench(BenchOptions o) {
       train::AdamW adamw(*ctx, lora, os);
       const model::TokenBatch batch = model::random_token_batch(B, S, c.vocab_size, o.seed);
       gpu::Buffer loss_sum = ctx->alloc(16, "loss");
-      train::StepEngine engine{*ctx, tf, lora, adamw, loss_sum};
+      const train::StepEngine engine{*ctx, tf, lora, adamw, loss_sum};
       train::StepInput in;
       in.micro_batches = {{&batch, 0}};
       in.targets = batch.target_count();

@@ -5,7 +5,7 @@
 
 namespace forja::train {
 
-StepResult step(StepEngine& e, const StepInput& in, const StepHooks& hooks) {
+StepResult step(const StepEngine& e, const StepInput& in, const StepHooks& hooks) {
   e.lora.zero_grads();
   e.ctx.fill(e.loss_sum, 0);
   const float inv_n = 1.0f / float(std::max<uint64_t>(1, in.targets));

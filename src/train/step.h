@@ -60,6 +60,6 @@ struct StepResult {
 
 // Runs step `in.step` (see above). AdamW's update is recorded, not waited for: the next download
 // (or ctx.finish()) waits for it.
-StepResult step(StepEngine& engine, const StepInput& in, const StepHooks& hooks = {});
+StepResult step(const StepEngine& engine, const StepInput& in, const StepHooks& hooks = {});
 
 }  // namespace forja::train

@@ -616,8 +616,7 @@ int Run::execute() {
     StepHooks hooks;
     hooks.after_micro_batch = [] { kill_point("step: a micro-batch's forward and backward"); };
     if (world_.distributed()) hooks.reduce = [this](double loss_sum) { return sum_over_ranks(loss_sum); };
-    StepEngine engine{*ctx_, *tf_, *lora_, *adamw_, loss_sum_};
-    const StepResult r = train::step(engine, in, hooks);
+    const StepResult r = train::step({*ctx_, *tf_, *lora_, *adamw_, loss_sum_}, in, hooks);
     const double loss = r.loss, norm = r.grad_norm;
     // Every rank sees the same reduced loss and norm, so all take the same branch below.
     if (!r.applied) {

@@ -185,7 +185,7 @@ std::vector<double> train_like_reference(gpu::Context& ctx, model::Transformer& 
   const uint64_t dropout_seed = run.value("seed", uint64_t{0});
 
   gpu::Buffer loss_sum = ctx.alloc(16);
-  train::StepEngine engine{ctx, tf, lora, adamw, loss_sum};
+  const train::StepEngine engine{ctx, tf, lora, adamw, loss_sum};
   std::vector<double> losses;
   for (int64_t step = 0; step < os.total_steps; ++step) {
     // step s uses micro-batches (s * accum + j) mod M, as reference_run.py does

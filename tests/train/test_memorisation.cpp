@@ -57,7 +57,7 @@ TEST_F(Memorisation, LossHalvesWithin100StepsAndEveryAdapterGetsGradient) {
   os.total_steps = 100;
   train::AdamW adamw(ctx(), lora, os);
   gpu::Buffer loss_sum = ctx().alloc(16);
-  train::StepEngine engine{ctx(), tf, lora, adamw, loss_sum};
+  const train::StepEngine engine{ctx(), tf, lora, adamw, loss_sum};
   train::StepInput in;
   in.micro_batches = {{&b, 0}};
   in.targets = b.target_count();
