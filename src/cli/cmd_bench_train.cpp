@@ -1,8 +1,9 @@
 // forja bench --shape NAME: training speed on a model of a known shape with random weights
 // (model/random_model.h), no files needed. Runs warm-up steps, then timed steps of the real
-// training step (forward + backward through model::Transformer, then train::AdamW on the LoRA
-// parameters) on one fixed random batch, and reports tokens/s, ms per step, the arena's peak
-// GPU memory beside the memory plan's estimate, and the model FLOP utilisation (model/flops.h).
+// training step (train::step, as forja train runs it: forward + backward through
+// model::Transformer, then train::AdamW on the LoRA parameters) on one fixed random batch, and
+// reports tokens/s, ms per step, the arena's peak GPU memory beside the memory plan's estimate,
+// and the model FLOP utilisation (model/flops.h).
 //
 // This file also registers the `bench` command itself; `forja bench gemm` (cmd_bench_gemm.cpp)
 // is its subcommand.
@@ -26,6 +27,7 @@
 #include "model/random_model.h"
 #include "model/transformer.h"
 #include "train/optimizer.h"
+#include "train/step.h"
 #include "util/error.h"
 
 namespace {
@@ -171,20 +173,23 @@ int run_bench(BenchOptions o) {
       os.total_steps = o.warmup + o.steps;
       train::AdamW adamw(*ctx, lora, os);
       const model::TokenBatch batch = model::random_token_batch(B, S, c.vocab_size, o.seed);
-      const uint64_t targets = batch.target_count();
       gpu::Buffer loss_sum = ctx->alloc(16, "loss");
+      const train::StepEngine engine{*ctx, tf, lora, adamw, loss_sum};
+      train::StepInput in;
+      in.micro_batches = {{&batch, 0}};
+      in.targets = batch.target_count();
       for (int64_t step = 0; step < o.warmup + o.steps; ++step) {
         ctx->finish();
         const auto t0 = clock::now();
-        lora.zero_grads();
-        ctx->fill(loss_sum, 0);
-        tf.run(batch, static_cast<float>(1.0 / double(targets)), loss_sum, true);
-        adamw.step(step);
-        const double loss = ctx->download<float>(loss_sum, 1)[0] / double(targets);  // waits for the step
+        in.step = step;
+        const train::StepResult r = train::step(engine, in);
+        ctx->finish();  // AdamW's update is part of the step's time
         const double dt = seconds_since(t0);
-        if (!std::isfinite(loss))
-          throw std::runtime_error("the loss of step " + std::to_string(step) + " is not finite (" +
-                                   std::to_string(loss) + ")");
+        const double loss = r.loss;
+        if (!r.applied)
+          throw std::runtime_error("the loss (" + std::to_string(loss) + ") or gradient norm (" +
+                                   std::to_string(r.grad_norm) + ") of step " + std::to_string(step) +
+                                   " is not finite");
         losses.push_back(loss);
         const bool timed = step >= o.warmup;
         if (timed) step_seconds.push_back(dt);

@@ -12,6 +12,7 @@
 // bf16 (bf16 operands, no loss scaling) waits for a glslang with GL_EXT_bfloat16 (16.x), which
 // Debian's mirror does not serve yet (scripts/shader_tools).
 #pragma once
+#include <optional>
 #include <string>
 
 #include "ops/gemm.h"
@@ -20,12 +21,19 @@ namespace forja::model {
 
 enum class Precision { fp32, mixed };
 
+// --precision as given: a precision, or std::nullopt for auto (resolved once the device is open).
+using PrecisionChoice = std::optional<Precision>;
+
 // "fp32" | "mixed"; anything else ("auto" included: resolve it first) is a UserError naming
 // --precision.
 Precision parse_precision(const std::string& text);
-// "auto" resolved for this device (see above); "fp32" and "mixed" as parse_precision.
+// "auto" -> std::nullopt, else as parse_precision.
+PrecisionChoice parse_precision_choice(const std::string& text);
+// auto resolved for this device (see above); a precision stays as it is.
+Precision resolve_precision(PrecisionChoice choice, const gpu::Context& ctx);
 Precision resolve_precision(const std::string& text, const gpu::Context& ctx);
-// One line for the run's log: what `text` became on this device, and why.
+// One line for the run's log: what `choice` became on this device, and why.
+std::string describe_precision_choice(PrecisionChoice choice, const gpu::Context& ctx);
 std::string describe_precision_choice(const std::string& text, const gpu::Context& ctx);
 const char* precision_name(Precision p);
 // The dtype of dense base weights (--quant none projections, embedding, LM head) under `p`.

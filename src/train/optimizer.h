@@ -27,14 +27,10 @@ class AdamW {
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
 
-  // Clips and applies the accumulated gradients as optimizer step `step` (0-based). The
-  // unclipped global norm lands in grad_norm()[0] on the GPU.
-  void step(int64_t step) {
-    compute_grad_norm();
-    apply(step);
-  }
-  // The two halves of step(), for a trainer that checks the norm (download) before applying.
+  // The unclipped global norm of the accumulated gradients, into grad_norm()[0] on the GPU.
   void compute_grad_norm();
+  // Clips (by grad_norm()) and applies the accumulated gradients as optimizer step `step`
+  // (0-based). train::step (train/step.h) calls the two, checking the norm in between.
   void apply(int64_t step);
   double lr_at(int64_t step) const;
   // The schedule's length (a resumed run may change it with --max-steps).

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <functional>
 #include <sstream>
+#include <stdexcept>
+#include <utility>
 
 #include "data/utf8.h"
 #include "util/error.h"
@@ -49,12 +51,43 @@ Toggle parse_toggle(const std::string& v, const std::string& src) {
 
 std::string toggle_name(Toggle t) { return t == Toggle::automatic ? "auto" : t == Toggle::on ? "on" : "off"; }
 
-std::string parse_choice(const std::string& v, const std::string& src, const std::vector<std::string>& choices) {
-  for (const auto& c : choices)
-    if (v == c) return v;
+// The words of a setting that takes one of a few values, in the order errors list them.
+template <class T>
+using Words = std::vector<std::pair<const char*, T>>;
+
+const Words<Schedule>& schedule_words() {
+  static const Words<Schedule> w = [] {
+    Words<Schedule> out;
+    for (Schedule x : {Schedule::constant, Schedule::linear, Schedule::cosine}) out.emplace_back(schedule_name(x), x);
+    return out;
+  }();
+  return w;
+}
+const Words<model::BaseQuant>& quant_words() {
+  static const Words<model::BaseQuant> w = {{"nf4", model::BaseQuant::nf4}, {"none", model::BaseQuant::none}};
+  return w;
+}
+const Words<model::PrecisionChoice>& precision_words() {
+  static const Words<model::PrecisionChoice> w = {{"auto", std::nullopt},
+                                                  {model::precision_name(model::Precision::fp32), model::Precision::fp32},
+                                                  {model::precision_name(model::Precision::mixed), model::Precision::mixed}};
+  return w;
+}
+
+template <class T>
+T parse_word(const std::string& v, const std::string& src, const Words<T>& words) {
+  for (const auto& [word, value] : words)
+    if (v == word) return value;
   std::string list;
-  for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+  for (const auto& [word, value] : words) list += (list.empty() ? "" : ", ") + std::string(word);
   throw UserError(src + ": '" + v + "' is not one of " + list);
+}
+
+template <class T>
+std::string word_of(const T& x, const Words<T>& words) {
+  for (const auto& [word, value] : words)
+    if (value == x) return word;
+  throw std::logic_error("RunConfig: a value without a word");
 }
 
 std::string format_double(double x) {
@@ -107,10 +140,10 @@ struct KeyImpl {
   KeyImpl{{NAME, "{auto,on,off}", HELP},                                                               \
           [](RunConfig& c, const std::string& v, const std::string& s) { c.FIELD = parse_toggle(v, s); }, \
           [](const RunConfig& c) { return toggle_name(c.FIELD); }}
-#define CHOICE_KEY(NAME, FIELD, HINT, HELP, ...)                                                        \
+#define WORD_KEY(NAME, FIELD, HINT, HELP, WORDS)                                                        \
   KeyImpl{{NAME, HINT, HELP},                                                                          \
-          [](RunConfig& c, const std::string& v, const std::string& s) { c.FIELD = parse_choice(v, s, {__VA_ARGS__}); }, \
-          [](const RunConfig& c) { return c.FIELD; }}
+          [](RunConfig& c, const std::string& v, const std::string& s) { c.FIELD = parse_word(v, s, WORDS()); }, \
+          [](const RunConfig& c) { return word_of(c.FIELD, WORDS()); }}
 
 const std::vector<KeyImpl>& key_table() {
   static const std::vector<KeyImpl> table = {
@@ -125,8 +158,8 @@ const std::vector<KeyImpl>& key_table() {
       INT_KEY("epochs", epochs, "passes over the data"),
       INT_KEY("max-steps", max_steps, "stop after this many optimizer steps (0: run the epochs)"),
       DOUBLE_KEY("lr", lr, "peak learning rate"),
-      CHOICE_KEY("lr-schedule", lr_schedule, "{constant,linear,cosine}", "learning-rate schedule after the warm-up",
-                 "constant", "linear", "cosine"),
+      WORD_KEY("lr-schedule", lr_schedule, "{constant,linear,cosine}", "learning-rate schedule after the warm-up",
+               schedule_words),
       KeyImpl{{"warmup-steps", "N|auto", "linear warm-up steps (auto: 3% of the steps)"},
               [](RunConfig& c, const std::string& v, const std::string& s) { c.warmup_steps = v == "auto" ? -1 : parse_int(v, s); },
               [](const RunConfig& c) { return c.warmup_steps < 0 ? std::string("auto") : std::to_string(c.warmup_steps); }},
@@ -146,11 +179,11 @@ const std::vector<KeyImpl>& key_table() {
                 return out;
               }},
       BOOL_KEY("rslora", rslora, "rank-stabilised LoRA: scale alpha / sqrt(r)"),
-      CHOICE_KEY("quant", quant, "{nf4,none}", "frozen base weights: NF4 (QLoRA) or 16-bit", "nf4", "none"),
+      WORD_KEY("quant", quant, "{nf4,none}", "frozen base weights: NF4 (QLoRA) or 16-bit", quant_words),
       BOOL_KEY("double-quant", double_quant, "quantise NF4's absmax too (QLoRA's double quantisation)"),
-      CHOICE_KEY("precision", precision, "{auto,fp32,mixed}",
-                 "arithmetic: fp32 (reference), mixed (fp16 operands), auto (mixed where matrix cores exist)", "auto",
-                 "fp32", "mixed"),
+      WORD_KEY("precision", precision, "{auto,fp32,mixed}",
+               "arithmetic: fp32 (reference), mixed (fp16 operands), auto (mixed where matrix cores exist)",
+               precision_words),
       TOGGLE_KEY("grad-checkpointing", grad_checkpointing, "recompute each layer in the backward (auto: on from seq-len 1024)"),
       TOGGLE_KEY("packing", packing, "pack several examples per sequence (auto: on for {text} data)"),
       BOOL_KEY("no-shuffle", no_shuffle, "keep the file's order instead of shuffling each epoch"),

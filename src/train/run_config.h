@@ -2,7 +2,9 @@
 // read from a YAML file (--config run.yaml) and from flags (flags win). One table of keys serves
 // both, so a YAML key is always spelled like its flag without the dashes in front
 // (`lora-rank: 16` <-> `--lora-rank 16`), and OUT/config.yaml, which a run writes, can be given
-// back as --config to repeat it.
+// back as --config to repeat it. Settings that take one of a few words (quant, precision,
+// lr-schedule) are enums here; the table turns words into them, naming the valid ones in errors,
+// and back into the same words for config.yaml.
 //
 // Defaults are the usual QLoRA ones (Dettmers et al. 2023 and PEFT's examples): NF4 with double
 // quantisation, LoRA on all seven projections with r 16 / alpha 32 / dropout 0.05, lr 2e-4 with a constant
@@ -15,6 +17,10 @@
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "model/base_weights.h"
+#include "model/precision.h"
+#include "train/schedule.h"
 
 namespace forja::train {
 
@@ -38,7 +44,7 @@ struct RunConfig {
   int64_t warmup_steps = -1;  // -1: 3% of the steps, rounded up
   // optimizer
   double lr = 2e-4;
-  std::string lr_schedule = "constant";
+  Schedule lr_schedule = Schedule::constant;
   double weight_decay = 0.0;
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   double max_grad_norm = 0.3;  // 0: no clipping
@@ -50,9 +56,9 @@ struct RunConfig {
                                            "gate_proj", "up_proj", "down_proj"};
   bool rslora = false;
   // engine
-  std::string quant = "nf4";
+  model::BaseQuant quant = model::BaseQuant::nf4;
   bool double_quant = true;
-  std::string precision = "auto";  // the trainer resolves it (model/precision.h)
+  model::PrecisionChoice precision;  // empty: auto, which the trainer resolves on the device (model/precision.h)
   Toggle grad_checkpointing = Toggle::automatic;  // auto: on when seq-len >= 1024
   uint64_t seed = 42;
   int device = -1;

@@ -34,6 +34,7 @@
 #include "train/report.h"
 #include "train/run_record.h"
 #include "train/schedule.h"
+#include "train/step.h"
 #include "train/token_batch.h"
 #include "util/error.h"
 #include "util/kill_point.h"
@@ -213,7 +214,7 @@ class Run {
   void save_unguarded(bool final_adapter);
   [[noreturn]] void stop_on_output_error(const OutputError& e);
   void log_step(double loss, double grad_norm, double lr);
-  double reduce_step(float inv_n);
+  double sum_over_ranks(double loss_sum);
   bool agree_to_stop();
   void check_step_shape(const fs::path& checkpoint) const;
   void report(const char* state);
@@ -279,7 +280,8 @@ void Run::load() {
   ctx_ = gpu::Context::create(c_.device, !world_.is_root(), world_.local_rank());
   // --precision auto becomes what this device runs best; config.yaml records the result.
   std::printf("%s\n", model::describe_precision_choice(c_.precision, *ctx_).c_str());
-  c_.precision = model::precision_name(model::resolve_precision(c_.precision, *ctx_));
+  const model::Precision precision = model::resolve_precision(c_.precision, *ctx_);
+  c_.precision = precision;
   config_yaml_ = c_.to_yaml();
   std::printf("model: %s, %lld layers, hidden %lld, vocab %lld\n", mc_.model_type.c_str(), (long long)mc_.num_layers,
               (long long)mc_.hidden_size, (long long)mc_.vocab_size);
@@ -291,8 +293,8 @@ void Run::load() {
   ts.checkpointing = c_.checkpointing();
   ts.activation_bytes = 4;  // the engine keeps fp32 activations in both precisions
   ts.lora_dropout = c_.lora_dropout;
-  ts.dense_weight_bytes = c_.precision == "mixed" ? 2 : 4;
-  ts.nf4 = c_.quant == "nf4";
+  ts.dense_weight_bytes = precision == model::Precision::mixed ? 2 : 4;
+  ts.nf4 = c_.quant == model::BaseQuant::nf4;
   ts.targets.clear();
   for (model::LinearKind k : model::kAllLinears)
     if (lora_settings_of(c_).targets[size_t(k)]) ts.targets.push_back(k);
@@ -302,10 +304,10 @@ void Run::load() {
 
   const auto checkpoint = io::SafetensorsCheckpoint::open(c_.model);
   model::BaseWeightOptions bo;
-  bo.quant = c_.quant == "nf4" ? model::BaseQuant::nf4 : model::BaseQuant::none;
+  bo.quant = c_.quant;
   bo.double_quant = c_.double_quant;
-  bo.dense_dtype = model::dense_dtype_for(model::parse_precision(c_.precision));
-  std::printf("loading the base model (%s)...\n", c_.quant == "nf4" ? "quantising to NF4" : "16-bit");
+  bo.dense_dtype = model::dense_dtype_for(precision);
+  std::printf("loading the base model (%s)...\n", c_.quant == model::BaseQuant::nf4 ? "quantising to NF4" : "16-bit");
   std::fflush(stdout);
   base_.emplace(model::load_base_weights(*ctx_, checkpoint, mc_, bo));
 
@@ -339,7 +341,7 @@ void Run::load() {
 
   tf_ = std::make_unique<model::Transformer>(*ctx_, *base_, *lora_, uint32_t(c_.batch_size), uint32_t(c_.seq_len),
                                              c_.checkpointing(),
-                                             model::TransformerOptions{model::parse_precision(c_.precision)});
+                                             model::TransformerOptions{precision});
   OptimizerSettings os;
   os.lr = c_.lr;
   os.beta1 = c_.adam_beta1;
@@ -347,7 +349,7 @@ void Run::load() {
   os.eps = c_.adam_eps;
   os.weight_decay = c_.weight_decay;
   os.max_grad_norm = c_.max_grad_norm;
-  os.schedule = parse_schedule(c_.lr_schedule);
+  os.schedule = c_.lr_schedule;
   os.total_steps = st_.total_steps;
   os.warmup_steps = c_.warmup_for(st_.total_steps);
   adamw_ = std::make_unique<AdamW>(*ctx_, *lora_, os);
@@ -460,21 +462,18 @@ void Run::log_step(double loss, double grad_norm, double lr) {
   }
 }
 
-// The sum over all ranks of this step's loss and LoRA gradients (each rank holds those of its
-// own micro-batches), returned as the step's mean loss; the gradients on every rank then equal
-// those one process would have accumulated over all the micro-batches. Single process: just the
-// loss.
-double Run::reduce_step(float inv_n) {
-  double loss = double(ctx_->download<float>(loss_sum_, 1)[0]);
-  if (world_.distributed()) {
-    const gpu::Buffer g = lora_->grads();
-    grads_host_.resize(g.size / sizeof(float));
-    ctx_->download(g, grads_host_.data(), g.size);
-    world_.sum(std::span<float>(grads_host_));
-    ctx_->upload(g, grads_host_.data(), g.size);
-    world_.sum(std::span<double>(&loss, 1));
-  }
-  return loss * double(inv_n);
+// The step's hook for data-parallel runs (train/step.h): sums the LoRA gradients over all ranks
+// in place (each rank holds those of its own micro-batches) and returns the sum of every rank's
+// loss sum; the gradients on every rank then equal those one process would have accumulated
+// over all the micro-batches.
+double Run::sum_over_ranks(double loss_sum) {
+  const gpu::Buffer g = lora_->grads();
+  grads_host_.resize(g.size / sizeof(float));
+  ctx_->download(g, grads_host_.data(), g.size);
+  world_.sum(std::span<float>(grads_host_));
+  ctx_->upload(g, grads_host_.data(), g.size);
+  world_.sum(std::span<double>(&loss_sum, 1));
+  return loss_sum;
 }
 
 // Whether any rank was asked to stop (SIGINT/SIGTERM): all ranks stop after the same step.
@@ -585,7 +584,7 @@ int Run::execute() {
   const std::string ranks = world_.distributed() ? std::to_string(world_.size()) + " ranks x " : "";
   std::printf("training %lld steps of %s%lld x %lld micro-batches of %lld tokens (warm-up %lld, %s schedule)\n",
               (long long)st_.total_steps, ranks.c_str(), (long long)c_.grad_accum, (long long)c_.batch_size,
-              (long long)c_.seq_len, (long long)adamw_->settings().warmup_steps, c_.lr_schedule.c_str());
+              (long long)c_.seq_len, (long long)adamw_->settings().warmup_steps, schedule_name(c_.lr_schedule));
   std::fflush(stdout);
 
   report("running");
@@ -598,34 +597,29 @@ int Run::execute() {
     // A step is the next per_step micro-batches of the stream, in order; rank r trains on the
     // r-th run of --grad-accum of them. Every rank walks the whole step (cheap, on the CPU), so
     // all know its loss-token count and keep the same stream position.
-    std::vector<model::TokenBatch> micro;
-    std::vector<uint64_t> micro_index;  // position in the step: picks the dropout stream
-    uint64_t targets = 0;
+    std::vector<model::TokenBatch> mine;
+    std::vector<uint64_t> place;  // each one's position in the step: picks its dropout stream
+    StepInput in;
+    in.step = st_.step;
+    in.dropout_seed = c_.seed;
     int64_t tokens = 0;
     for (int64_t j = 0; j < per_step; ++j) {
       const data::Batch b = stream_->next();
       tokens += b.tokens;
       model::TokenBatch tb = to_token_batch(b);
-      targets += tb.target_count();
+      in.targets += tb.target_count();
       if (j / per_rank != world_.rank()) continue;
-      micro.push_back(std::move(tb));
-      micro_index.push_back(uint64_t(j));
+      mine.push_back(std::move(tb));
+      place.push_back(uint64_t(j));
     }
-    lora_->zero_grads();
-    ctx_->fill(loss_sum_, 0);
-    const float inv_n = 1.0f / float(std::max<uint64_t>(1, targets));
-    for (size_t j = 0; j < micro.size(); ++j) {
-      // dropout masks: a fresh stream per (step, micro-batch), reproduced exactly on resume
-      tf_->set_dropout_seed(c_.seed, uint64_t(st_.step), micro_index[j]);
-      tf_->run(micro[j], inv_n, loss_sum_, true);
-      kill_point("step: a micro-batch's forward and backward");
-    }
-    const double loss = reduce_step(inv_n);
-    adamw_->compute_grad_norm();
-    const double norm = double(ctx_->download<float>(adamw_->grad_norm(), 1)[0]);
-    const double lr = adamw_->lr_at(st_.step);
+    for (size_t j = 0; j < mine.size(); ++j) in.micro_batches.push_back({&mine[j], place[j]});
+    StepHooks hooks;
+    hooks.after_micro_batch = [] { kill_point("step: a micro-batch's forward and backward"); };
+    if (world_.distributed()) hooks.reduce = [this](double loss_sum) { return sum_over_ranks(loss_sum); };
+    const StepResult r = train::step({*ctx_, *tf_, *lora_, *adamw_, loss_sum_}, in, hooks);
+    const double loss = r.loss, norm = r.grad_norm;
     // Every rank sees the same reduced loss and norm, so all take the same branch below.
-    if (!std::isfinite(loss) || !std::isfinite(norm)) {
+    if (!r.applied) {
       if (!c_.skip_nonfinite) {
         if (tty_) std::fprintf(stderr, "\r\033[K");
         const auto all = list_checkpoints(c_.out);
@@ -635,7 +629,7 @@ int Run::execute() {
                        "adapter was not updated. Last good checkpoint: %s. Lower --lr, raise --warmup-steps, or pass "
                        "--skip-nonfinite to skip such steps.%s\n",
                        (long long)st_.step + 1, loss, norm, all.empty() ? "none" : all.back().string().c_str(),
-                       c_.precision == "mixed"
+                       c_.precision == model::Precision::mixed
                            ? " With --precision mixed an activation beyond fp16's range (65504) entering a matrix "
                              "product does this too: resume with --precision fp32."
                            : "");
@@ -646,15 +640,13 @@ int Run::execute() {
       if (tty_) std::fprintf(stderr, "\r\033[K");
       std::printf("step %lld: loss or gradients not finite, skipped (%lld so far)\n", (long long)st_.step + 1,
                   (long long)st_.skipped_nonfinite);
-    } else {
-      adamw_->apply(st_.step);
     }
     kill_point("step: the optimizer's update");
     ++st_.step;
     st_.tokens += tokens;
     st_.last_loss = loss;
     interval_tokens_ += tokens;
-    log_step(loss, norm, lr);
+    log_step(loss, norm, r.lr);
     // Test hook: FORJA_TEST_SIGTERM_AFTER_STEP=N sends this process SIGTERM after step N, so the
     // tests can check the stop-and-save path without racing a fast GPU from outside.
     if (const char* v = std::getenv("FORJA_TEST_SIGTERM_AFTER_STEP"); v && std::atoll(v) == st_.step) ::raise(SIGTERM);

@@ -18,6 +18,7 @@
 #include "model/config.h"
 #include "model/nf4.h"
 #include "train/optimizer.h"
+#include "train/step.h"
 
 namespace forja::test {
 
@@ -132,6 +133,38 @@ double rel_error(const std::vector<float>& got, const std::vector<float>& want) 
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
+namespace {
+
+// Every LoRA gradient in lora.grads() against the reference's (relative error < tol per tensor).
+void expect_gradients_match(gpu::Context& ctx, model::LoraSet& lora, const io::SafetensorsFile& ref, double tol) {
+  double worst = 0;
+  std::string worst_key;
+  const std::vector<float> grads = ctx.download<float>(lora.grads(), lora.parameter_count());
+  for (const model::LoraSlot& s : lora.slots()) {
+    const std::string module = std::string(model::linear_module(s.kind)) + "." + model::linear_name(s.kind);
+    for (char which : {'A', 'B'}) {
+      const std::string key = io::lora_tensor_name(s.layer, module, which);
+      const uint64_t off = which == 'A' ? s.a_offset : s.b_offset;
+      const uint64_t len = which == 'A' ? uint64_t(s.rank) * s.in : uint64_t(s.out) * s.rank;
+      const std::vector<float> got(grads.begin() + off, grads.begin() + off + len);
+      const std::vector<float> want = ref.tensor(key).to_float();
+      EXPECT_EQ(got.size(), want.size()) << key;
+      if (got.size() == want.size()) {
+        const double e = rel_error(got, want);
+        EXPECT_LT(e, tol) << key;
+        if (e >= worst) {
+          worst = e;
+          worst_key = key;
+        }
+      }
+    }
+  }
+  std::printf("[parity] step-0 LoRA gradients: max relative error %.3g (%s, tolerance %.0e)\n", worst,
+              worst_key.c_str(), tol);
+}
+
+}  // namespace
+
 std::vector<double> train_like_reference(gpu::Context& ctx, model::Transformer& tf, model::LoraSet& lora,
                                          const std::vector<model::TokenBatch>& batches, const json& run,
                                          const io::SafetensorsFile& step0_grads, double grad_tol) {
@@ -152,46 +185,21 @@ std::vector<double> train_like_reference(gpu::Context& ctx, model::Transformer& 
   const uint64_t dropout_seed = run.value("seed", uint64_t{0});
 
   gpu::Buffer loss_sum = ctx.alloc(16);
+  const train::StepEngine engine{ctx, tf, lora, adamw, loss_sum};
   std::vector<double> losses;
   for (int64_t step = 0; step < os.total_steps; ++step) {
     // step s uses micro-batches (s * accum + j) mod M, as reference_run.py does
-    uint64_t n = 0;
-    for (int64_t j = 0; j < accum; ++j) n += batches[(step * accum + j) % batches.size()].target_count();
-    lora.zero_grads();
-    ctx.fill(loss_sum, 0);
+    train::StepInput in;
+    in.step = step;
+    in.dropout_seed = dropout_seed;
     for (int64_t j = 0; j < accum; ++j) {
-      tf.set_dropout_seed(dropout_seed, static_cast<uint64_t>(step), static_cast<uint64_t>(j));
-      tf.run(batches[(step * accum + j) % batches.size()], static_cast<float>(1.0 / double(n)), loss_sum, true);
+      const model::TokenBatch& b = batches[(step * accum + j) % batches.size()];
+      in.micro_batches.push_back({&b, static_cast<uint64_t>(j)});
+      in.targets += b.target_count();
     }
-    losses.push_back(ctx.download<float>(loss_sum, 1)[0] / double(n));
-
-    if (step == 0) {
-      double worst = 0;
-      std::string worst_key;
-      const std::vector<float> grads = ctx.download<float>(lora.grads(), lora.parameter_count());
-      for (const model::LoraSlot& s : lora.slots()) {
-        const std::string module = std::string(model::linear_module(s.kind)) + "." + model::linear_name(s.kind);
-        for (char which : {'A', 'B'}) {
-          const std::string key = io::lora_tensor_name(s.layer, module, which);
-          const uint64_t off = which == 'A' ? s.a_offset : s.b_offset;
-          const uint64_t len = which == 'A' ? uint64_t(s.rank) * s.in : uint64_t(s.out) * s.rank;
-          const std::vector<float> got(grads.begin() + off, grads.begin() + off + len);
-          const std::vector<float> want = step0_grads.tensor(key).to_float();
-          EXPECT_EQ(got.size(), want.size()) << key;
-          if (got.size() == want.size()) {
-            const double e = rel_error(got, want);
-            EXPECT_LT(e, grad_tol) << key;
-            if (e >= worst) {
-              worst = e;
-              worst_key = key;
-            }
-          }
-        }
-      }
-      std::printf("[parity] step-0 LoRA gradients: max relative error %.3g (%s, tolerance %.0e)\n", worst,
-                  worst_key.c_str(), grad_tol);
-    }
-    adamw.step(step);
+    train::StepHooks hooks;
+    if (step == 0) hooks.gradients_ready = [&] { expect_gradients_match(ctx, lora, step0_grads, grad_tol); };
+    losses.push_back(train::step(engine, in, hooks).loss);
   }
   ctx.free(loss_sum);
   return losses;

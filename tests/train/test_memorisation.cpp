@@ -13,6 +13,7 @@
 #include "support/gpu_fixture.h"
 #include "train/example.h"
 #include "train/optimizer.h"
+#include "train/step.h"
 
 namespace forja::test {
 namespace {
@@ -56,28 +57,30 @@ TEST_F(Memorisation, LossHalvesWithin100StepsAndEveryAdapterGetsGradient) {
   os.total_steps = 100;
   train::AdamW adamw(ctx(), lora, os);
   gpu::Buffer loss_sum = ctx().alloc(16);
-  const float inv_n = 1.0f / float(b.target_count());
+  const train::StepEngine engine{ctx(), tf, lora, adamw, loss_sum};
+  train::StepInput in;
+  in.micro_batches = {{&b, 0}};
+  in.targets = b.target_count();
   std::vector<double> losses;
   for (int64_t step = 0; step < 100; ++step) {
-    lora.zero_grads();
-    ctx().fill(loss_sum, 0);
-    tf.run(b, inv_n, loss_sum, true);
-    losses.push_back(ctx().download<float>(loss_sum, 1)[0] * double(inv_n));
-    if (step == 1) {
-      const auto g = ctx().download<float>(lora.grads(), lora.parameter_count());
-      for (const model::LoraSlot& s : lora.slots()) {
-        auto nonzero = [&](uint64_t off, uint64_t n) {
-          for (uint64_t i = 0; i < n; ++i)
-            if (g[off + i] != 0.0f) return true;
-          return false;
-        };
-        EXPECT_TRUE(nonzero(s.a_offset, uint64_t(s.rank) * s.in))
-            << "layer " << s.layer << " " << model::linear_name(s.kind) << " A";
-        EXPECT_TRUE(nonzero(s.b_offset, uint64_t(s.out) * s.rank))
-            << "layer " << s.layer << " " << model::linear_name(s.kind) << " B";
-      }
-    }
-    adamw.step(step);
+    train::StepHooks hooks;
+    if (step == 1)
+      hooks.gradients_ready = [&] {
+        const auto g = ctx().download<float>(lora.grads(), lora.parameter_count());
+        for (const model::LoraSlot& s : lora.slots()) {
+          auto nonzero = [&](uint64_t off, uint64_t n) {
+            for (uint64_t i = 0; i < n; ++i)
+              if (g[off + i] != 0.0f) return true;
+            return false;
+          };
+          EXPECT_TRUE(nonzero(s.a_offset, uint64_t(s.rank) * s.in))
+              << "layer " << s.layer << " " << model::linear_name(s.kind) << " A";
+          EXPECT_TRUE(nonzero(s.b_offset, uint64_t(s.out) * s.rank))
+              << "layer " << s.layer << " " << model::linear_name(s.kind) << " B";
+        }
+      };
+    in.step = step;
+    losses.push_back(train::step(engine, in, hooks).loss);
   }
   EXPECT_LT(losses.back(), 0.5 * losses.front()) << "first " << losses.front() << ", last " << losses.back();
   ctx().free(loss_sum);
