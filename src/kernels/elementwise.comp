@@ -8,6 +8,8 @@
 //   swiglu       h = silu(g) * u                    (g, u, h)
 //   swiglu_bwd   dg = dh * u * silu'(g), du = dh * silu(g)   (g, u, dh, dg, du)
 //   to_f16       y = fp16(x), round to nearest even, packed two per uint; n odd pads a 0  (x, y)
+//   to_f16_checked  to_f16, and flags[pc.flag] |= 1 when a finite x is beyond fp16's range
+//                (|x| >= 65520 rounds to infinity): mixed precision's range check   (x, y, flags)
 // with silu'(z) = s + z s (1 - s), s = sigmoid(z). Outputs may alias inputs elementwise.
 //! variant ew_add -DOP_ADD
 //! variant ew_scale -DOP_SCALE
@@ -16,13 +18,17 @@
 //! variant ew_swiglu -DOP_SWIGLU
 //! variant ew_swiglu_bwd -DOP_SWIGLU_BWD
 //! variant ew_to_f16 -DOP_TO_F16
+//! variant ew_to_f16_checked -DOP_TO_F16 -DRANGE_FLAG
 #include "f16_round.glsl"
 layout(local_size_x = 256) in;
-layout(push_constant) uniform PC { uint n; float alpha; } pc;
+layout(push_constant) uniform PC { uint n; float alpha; uint flag; } pc;
 
 layout(set = 0, binding = 0) buffer B0 { float b0[]; };
 #ifdef OP_TO_F16
 layout(set = 0, binding = 1) writeonly buffer B1 { uint b1[]; };
+#ifdef RANGE_FLAG
+layout(set = 0, binding = 2) buffer Flags { uint flags[]; };
+#endif
 #else
 layout(set = 0, binding = 1) buffer B1 { float b1[]; };
 #endif
@@ -39,10 +45,15 @@ float sigmoid(float z) { return 1.0 / (1.0 + exp(-z)); }
 void main() {
   const uint stride = gl_NumWorkGroups.x * 256u;
 #ifdef OP_TO_F16
+  bool beyond = false;
   for (uint i = gl_GlobalInvocationID.x; 2u * i < pc.n; i += stride) {
     const float lo = b0[2u * i], hi = 2u * i + 1u < pc.n ? b0[2u * i + 1u] : 0.0;
     b1[i] = packHalf2x16(vec2(round_to_f16(lo), round_to_f16(hi)));
+    beyond = beyond || beyond_f16(lo) || beyond_f16(hi);
   }
+#ifdef RANGE_FLAG
+  if (beyond) atomicOr(flags[pc.flag], 1u);
+#endif
   return;
 #endif
   for (uint i = gl_GlobalInvocationID.x; i < pc.n; i += stride) {

@@ -23,3 +23,9 @@ float round_to_f16(float x) {
 vec4 round_to_f16(vec4 v) {
   return vec4(round_to_f16(v.x), round_to_f16(v.y), round_to_f16(v.z), round_to_f16(v.w));
 }
+// Whether a finite x rounds to an fp16 infinity (|x| >= 65520): beyond fp16's range. Infinities
+// and NaN of fp32 are not (they are not fp16's doing).
+bool beyond_f16(float x) {
+  const uint a = floatBitsToUint(x) & 0x7FFFFFFFu;
+  return a >= 0x477FF000u && a < 0x7F800000u;
+}

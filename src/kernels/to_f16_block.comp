@@ -7,7 +7,10 @@
 // Rounding is round to nearest even (round_to_f16) as in to_f16. Workgroup row gl_WorkGroupID.y
 // of the dispatch, one invocation per packed pair of halves along it (grid-stride over the row:
 // no divisions); dst_off, dst_ld and width are even (the host checks).
+// _checked also sets flags[pc.flag] |= 1 when a finite source value is beyond fp16's range
+// (beyond_f16): mixed precision's range check of the base products' inputs.
 //! variant to_f16_block
+//! variant to_f16_block_checked -DRANGE_FLAG
 #include "f16_round.glsl"
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC {
@@ -15,17 +18,26 @@ layout(push_constant) uniform PC {
   uint src_ld, src_off;    // in fp32 elements
   uint dst_ld, dst_off;    // in fp16 elements
   float scale;
+  uint flag;               // _checked: the flag this conversion sets
 } pc;
 
 layout(set = 0, binding = 0) readonly buffer Src { float src[]; };
 layout(set = 0, binding = 1) writeonly buffer Dst { uint dst[]; };  // two halves per uint
+#ifdef RANGE_FLAG
+layout(set = 0, binding = 2) buffer Flags { uint flags[]; };
+#endif
 
 void main() {
   const uint r = gl_WorkGroupID.y;
   const uint s = pc.src_off + r * pc.src_ld, d = (pc.dst_off + r * pc.dst_ld) / 2u;
+  bool beyond = false;
   for (uint c = 2u * gl_GlobalInvocationID.x; c < pc.width; c += 2u * gl_NumWorkGroups.x * 256u) {
     const float lo = c < pc.cols ? pc.scale * src[s + c] : 0.0;
     const float hi = c + 1u < pc.cols ? pc.scale * src[s + c + 1u] : 0.0;
     dst[d + c / 2u] = packHalf2x16(vec2(round_to_f16(lo), round_to_f16(hi)));
+    beyond = beyond || beyond_f16(lo) || beyond_f16(hi);
   }
+#ifdef RANGE_FLAG
+  if (beyond) atomicOr(flags[pc.flag], 1u);
+#endif
 }

@@ -139,6 +139,8 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
       for (const BaseLinear& lin : layer.linears) widest = std::max<uint64_t>({widest, lin.in, lin.out});
     if (widest > 0)
       input16_ = alloc((uint64_t(max_tokens_) * (widest + P) * 2 + 3) / 4 * 4, "base product input (fp16)");
+    range_flags_ = alloc(uint64_t(std::max<int64_t>(c_.num_layers, 1)) * 4 * 4, "fp16 range flags");
+    ctx_.fill(range_flags_, 0);
   }
   if (lora_pad_ > 0) dt16_ = alloc((uint64_t(max_tokens_) * lora_width_ * 2 + 3) / 4 * 4, "lora dt (fp16)");
   if (lora_f16_) {
@@ -227,7 +229,30 @@ MatrixView Transformer::base_fp16(const BaseLinear& lin) {
   return MatrixView{nf4_scratch_, DType::f16, 0, lin.in};
 }
 
-MatrixView Transformer::base_input(const gpu::Buffer& x, uint32_t cols, bool ready, uint32_t extra) {
+int Transformer::range_site(size_t layer, LinearKind kind) {
+  using K = LinearKind;
+  const int input = kind == K::O ? 1 : kind == K::Gate || kind == K::Up ? 2 : kind == K::Down ? 3 : 0;
+  return static_cast<int>(layer) * 4 + input;
+}
+
+void Transformer::reset_fp16_range_check() {
+  if (range_flags_.valid()) ctx_.fill(range_flags_, 0);
+}
+
+std::string Transformer::fp16_range_report() {
+  if (!range_flags_.valid()) return "";
+  const std::vector<uint32_t> flags = ctx_.download<uint32_t>(range_flags_, range_flags_.size / 4);
+  static const char* const inputs[] = {"attention input (the q, k, v projections' input)",
+                                       "attention output (o_proj's input)", "MLP input (gate_proj and up_proj's input)",
+                                       "MLP activation (down_proj's input)"};
+  for (size_t i = 0; i < flags.size(); ++i)
+    if (flags[i])
+      return "layer " + std::to_string(i / 4) + "'s " + inputs[i % 4] +
+             " holds values beyond fp16's range (65504), which --precision mixed rounds to infinity";
+  return "";
+}
+
+MatrixView Transformer::base_input(const gpu::Buffer& x, uint32_t cols, bool ready, uint32_t extra, int range_site) {
   if (!input16_.valid()) return MatrixView{x, DType::f32, 0, cols};
   const uint32_t ld = cols + extra;
   const bool same = x.buffer == input16_source_.buffer && x.offset == input16_source_.offset &&
@@ -237,10 +262,12 @@ MatrixView Transformer::base_input(const gpu::Buffer& x, uint32_t cols, bool rea
   input16_cols_ = cols;
   input16_ld_ = ld;
   // Like nf4_scratch_, reused by every product; the context orders the writes after earlier reads.
+  const ops::Fp16RangeFlag flag{range_flags_, static_cast<uint32_t>(std::max(range_site, 0))};
+  const ops::Fp16RangeFlag* check = range_site >= 0 && range_flags_.valid() ? &flag : nullptr;
   if (extra == 0)
-    ops::to_f16(ctx_, x, input16_, uint64_t(tokens_) * cols);
+    ops::to_f16(ctx_, x, input16_, uint64_t(tokens_) * cols, check);
   else
-    ops::to_f16_block(ctx_, x, 0, cols, input16_, 0, ld, tokens_, cols, cols);
+    ops::to_f16_block(ctx_, x, 0, cols, input16_, 0, ld, tokens_, cols, cols, 1.0f, check);
   return MatrixView{input16_, DType::f16, 0, ld};
 }
 
@@ -296,7 +323,8 @@ bool Transformer::lora_group_forward(size_t layer, LinearKind first, uint32_t n,
   // reuses (same x, same row length).
   const bool folded = lora_folds(base_.layers[layer].linears[static_cast<int>(first)], &s);
   const MatrixView a = lora_weight(s.a_offset, s.in);
-  const MatrixView in = folded ? base_input(x, s.in, false, lora_pad_) : MatrixView{x, DType::f32, 0, s.in};
+  const MatrixView in =
+      folded ? base_input(x, s.in, false, lora_pad_, range_site(layer, first)) : MatrixView{x, DType::f32, 0, s.in};
   ops::gemm(ctx_, lora_product({T, rows, s.in, false, true}, "lora_xa"), in, a, lora_view(lora_t, first),
             lora_kernel(a));
   return folded;
@@ -333,7 +361,7 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
     // y (=|+=) [x | t] [W | scale B]^T: the LoRA update inside the base product, K = in + P
     // (t and scale B rounded to fp16, zero columns up to P), instead of a second pass over y.
     const uint32_t P = lora_pad_, K = lin.in + P, r = slot->rank;
-    const MatrixView xin = base_input(x, lin.in, input16_ready, P);
+    const MatrixView xin = base_input(x, lin.in, input16_ready, P, range_site(layer, kind));
     // t = x A^T from x's fp16 copy (dropout: dropout(x) A^T), unless lora_group_forward made it
     if (!lora_t_ready && dropout_on_) lora_input_forward(layer, *slot, x, lora_t);
     if (!lora_t_ready && !dropout_on_)
@@ -352,7 +380,8 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
   if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {  // mixed: fp16 W, x rounded to fp16 as it is loaded
-    ops::gemm(ctx_, GemmShape{T, lin.out, lin.in, false, true, 1.0f, beta}, base_input(x, lin.in, input16_ready), base_fp16(lin),
+    ops::gemm(ctx_, GemmShape{T, lin.out, lin.in, false, true, 1.0f, beta},
+              base_input(x, lin.in, input16_ready, 0, range_site(layer, kind)), base_fp16(lin),
               MatrixView{y, DType::f32, 0, lin.out}, options_.base_kernel);
   }
   if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gpu/context.h"
@@ -99,6 +100,15 @@ class Transformer {
   // accident.
   void set_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro_batch);
 
+  // Mixed precision's forward range check: each base product's input, rounded into its fp16 copy
+  // (fp16_input_copies), raises a flag on the GPU when a value lies beyond fp16's range (it would
+  // become an infinity), one flag per layer and input (attention, o_proj, MLP, down_proj). No host
+  // read happens in a step: train::step zeroes the flags at its start, and a caller whose step
+  // came out non-finite asks fp16_range_report, which reads them and names the first layer and
+  // input that overflowed ("" when none did, or without the check: fp32, no input copies).
+  void reset_fp16_range_check();
+  std::string fp16_range_report();
+
  private:
   struct LayerActs;
   struct GradScratch;
@@ -110,7 +120,11 @@ class Transformer {
   // A base product's input [T, cols]: x itself, or its fp16 copy in input16_ (mixed); ready: the
   // previous product had the same input, so input16_ holds its copy already.
   // extra: the copy's rows are cols + extra long, room for a LoRA factor beside x (lora_folds).
-  ops::MatrixView base_input(const gpu::Buffer& x, uint32_t cols, bool ready = false, uint32_t extra = 0);
+  // range_site >= 0: the forward range check's flag this input raises (fp16_range_report).
+  ops::MatrixView base_input(const gpu::Buffer& x, uint32_t cols, bool ready = false, uint32_t extra = 0,
+                             int range_site = -1);
+  // The range-check flag of the input of (layer, kind): layer * 4 + {q/k/v 0, o 1, gate/up 2, down 3}.
+  static int range_site(size_t layer, LinearKind kind);
   // Whether this projection's LoRA update runs inside its base product: y = [x | t] [W | s B]^T
   // forward, dx = [dy | dt] [W ; A] backward (mixed, fp16 LoRA products, NF4 weights dequantised
   // into nf4_scratch_, fp16 input copies), instead of rank-r passes over y and dx, which read and
@@ -179,6 +193,7 @@ class Transformer {
   bool lora_f16_ = false;
   gpu::Buffer lora16_, t16_;
   gpu::Buffer dt16_;  // fp16 copy of dt for dA where products fold (linear_backward_folded)
+  gpu::Buffer range_flags_;  // uint32 [layers * 4]: reset_fp16_range_check
   // The LoRA buffers' row width (targets * rank) and each target's first column (lora_view).
   uint32_t lora_width_ = 0;
   std::array<uint32_t, 7> lora_column_{};

@@ -12,6 +12,7 @@ namespace {
 struct EwPush {
   uint32_t n;
   float alpha;
+  uint32_t flag = 0;  // to_f16_checked: the flag it sets
 };
 struct ReducePush {
   uint32_t rows, cols, n, slot;
@@ -83,11 +84,13 @@ void swiglu_backward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer&
   run_elementwise(ctx, "ew_swiglu_bwd", {g, u, dh}, {dg, du}, n);
 }
 
-void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n) {
+void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n, const Fp16RangeFlag* flag) {
   if (n == 0) return;
   const uint64_t out_bytes = (n * 2 + 3) / 4 * 4;
   if (x.size < n * 4 || y.size < out_bytes) throw std::logic_error("to_f16: buffer smaller than n elements");
-  const auto& p = ctx.pipelines().get("ew_to_f16", 2, sizeof(EwPush));
+  if (flag && flag->flags.size < (uint64_t(flag->index) + 1) * 4) throw std::logic_error("to_f16: flag outside its buffer");
+  const auto& p = flag ? ctx.pipelines().get("ew_to_f16_checked", 3, sizeof(EwPush))
+                       : ctx.pipelines().get("ew_to_f16", 2, sizeof(EwPush));
   // Chunks of a multiple of the alignment in elements, so that the fp16 output's chunks (half
   // the bytes) start aligned too.
   const uint64_t align = std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
@@ -96,15 +99,20 @@ void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint6
     const uint64_t len = std::min(chunk, n - start);
     const uint64_t pairs = (len + 1) / 2;
     const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((pairs + kThreads - 1) / kThreads, kMaxGroups));
-    ctx.dispatch(p, {{x.slice(start * 4, len * 4), gpu::Access::read}, {y.slice(start * 2, pairs * 4), gpu::Access::write}},
-                 EwPush{static_cast<uint32_t>(len), 0.0f}, groups, 1, 1, "ew_to_f16");
+    std::vector<gpu::Binding> bindings = {{x.slice(start * 4, len * 4), gpu::Access::read},
+                                          {y.slice(start * 2, pairs * 4), gpu::Access::write}};
+    if (flag) bindings.push_back({flag->flags, gpu::Access::read_write});
+    ctx.dispatch(p, bindings, EwPush{static_cast<uint32_t>(len), 0.0f, flag ? flag->index : 0u}, groups, 1, 1,
+                 "ew_to_f16");
   }
 }
 
 void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first, uint32_t src_ld,
                   const gpu::Buffer& dst, uint64_t dst_first, uint32_t dst_ld, uint32_t rows, uint32_t cols,
-                  uint32_t width, float scale) {
+                  uint32_t width, float scale, const Fp16RangeFlag* flag) {
   if (rows == 0 || width == 0) return;
+  if (flag && flag->flags.size < (uint64_t(flag->index) + 1) * 4)
+    throw std::logic_error("to_f16_block: flag outside its buffer");
   if (cols > width || dst_first % 2 || dst_ld % 2 || width % 2 || width > dst_ld || (cols > 0 && cols > src_ld))
     throw std::logic_error("to_f16_block: bad block shape (even dst offset, row stride and width; cols <= width)");
   const uint64_t src_span = cols > 0 ? uint64_t(rows - 1) * src_ld + cols : 0;
@@ -114,8 +122,10 @@ void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first,
   struct Push {
     uint32_t rows, cols, width, src_ld, src_off, dst_ld, dst_off;
     float scale;
+    uint32_t flag;
   };
-  const auto& p = ctx.pipelines().get("to_f16_block", 2, sizeof(Push));
+  const auto& p = flag ? ctx.pipelines().get("to_f16_block_checked", 3, sizeof(Push))
+                       : ctx.pipelines().get("to_f16_block", 2, sizeof(Push));
   // Rows per dispatch: both windows within the binding limit (and 32-bit indices).
   const uint64_t range = std::min<uint64_t>(usable_binding_bytes(ctx), 1ull << 31);
   const uint64_t row_bytes = std::max<uint64_t>(uint64_t(src_ld) * 4 * (cols > 0), uint64_t(dst_ld) * 2);
@@ -128,8 +138,10 @@ void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first,
                                : window(ctx, src, 0, 4);
     const Window wd = window(ctx, dst, (dst_first + uint64_t(r0) * dst_ld) * 2, (uint64_t(n - 1) * dst_ld + width) * 2, 2);
     const uint32_t groups_x = (width / 2 + kThreads - 1) / kThreads;
-    ctx.dispatch(p, {{ws.view, gpu::Access::read}, {wd.view, gpu::Access::write}},
-                 Push{n, cols, width, src_ld, ws.first, dst_ld, wd.first, scale}, groups_x, n, 1, "to_f16_block");
+    std::vector<gpu::Binding> bindings = {{ws.view, gpu::Access::read}, {wd.view, gpu::Access::write}};
+    if (flag) bindings.push_back({flag->flags, gpu::Access::read_write});
+    ctx.dispatch(p, bindings, Push{n, cols, width, src_ld, ws.first, dst_ld, wd.first, scale, flag ? flag->index : 0u},
+                 groups_x, n, 1, "to_f16_block");
   }
 }
 

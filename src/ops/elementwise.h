@@ -19,9 +19,18 @@ void swiglu_forward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& 
 void swiglu_backward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& dh,
                      const gpu::Buffer& dg, const gpu::Buffer& du, uint64_t n);
 
+// Mixed precision's range check: a rounding to fp16 given one sets flags[index] (uint32) to
+// nonzero when a finite value is beyond fp16's range (|x| >= 65520, which rounds to infinity).
+// The flags are only ever raised (atomic OR); the caller zeroes them.
+struct Fp16RangeFlag {
+  gpu::Buffer flags;
+  uint32_t index = 0;
+};
+
 // y = x rounded to fp16 (round to nearest even, as io::float_to_f16), y packed fp16 [n] (bytes:
 // n * 2 rounded up to 4; an odd n writes a 0 after the last value).
-void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n);
+void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n,
+            const Fp16RangeFlag* flag = nullptr);
 
 // A block of rows x width fp16 values in dst (row stride dst_ld halves, from half dst_first) =
 // scale * src rounded to fp16 (round to nearest even) in its first cols columns and 0 in the rest:
@@ -31,7 +40,7 @@ void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint6
 // the binding limit.
 void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first, uint32_t src_ld,
                   const gpu::Buffer& dst, uint64_t dst_first, uint32_t dst_ld, uint32_t rows, uint32_t cols,
-                  uint32_t width, float scale = 1.0f);
+                  uint32_t width, float scale = 1.0f, const Fp16RangeFlag* flag = nullptr);
 
 // y[r, :] += bias for y fp32 [rows, cols], bias fp32 [cols].
 void add_row_bias(gpu::Context& ctx, const gpu::Buffer& bias, const gpu::Buffer& y, uint32_t rows, uint32_t cols);

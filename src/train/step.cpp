@@ -7,6 +7,7 @@ namespace forja::train {
 
 StepResult step(const StepEngine& e, const StepInput& in, const StepHooks& hooks) {
   e.lora.zero_grads();
+  e.tf.reset_fp16_range_check();  // what fp16_range_report tells of this step
   e.ctx.fill(e.loss_sum, 0);
   const float inv_n = 1.0f / float(std::max<uint64_t>(1, in.targets));
   for (const MicroBatch& mb : in.micro_batches) {

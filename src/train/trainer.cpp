@@ -620,6 +620,8 @@ int Run::execute() {
     const double loss = r.loss, norm = r.grad_norm;
     // Every rank sees the same reduced loss and norm, so all take the same branch below.
     if (!r.applied) {
+      // In mixed precision, which base product input (if any) went beyond fp16's range.
+      const std::string overflow = tf_->fp16_range_report();
       if (!c_.skip_nonfinite) {
         if (tty_) std::fprintf(stderr, "\r\033[K");
         const auto all = list_checkpoints(c_.out);
@@ -629,7 +631,8 @@ int Run::execute() {
                        "adapter was not updated. Last good checkpoint: %s. Lower --lr, raise --warmup-steps, or pass "
                        "--skip-nonfinite to skip such steps.%s\n",
                        (long long)st_.step + 1, loss, norm, all.empty() ? "none" : all.back().string().c_str(),
-                       c_.precision == model::Precision::mixed
+                       !overflow.empty() ? (" The cause: " + overflow + "; resume with --precision fp32.").c_str()
+                       : c_.precision == model::Precision::mixed
                            ? " With --precision mixed an activation beyond fp16's range (65504) entering a matrix "
                              "product does this too: resume with --precision fp32."
                            : "");
@@ -638,8 +641,8 @@ int Run::execute() {
       }
       ++st_.skipped_nonfinite;
       if (tty_) std::fprintf(stderr, "\r\033[K");
-      std::printf("step %lld: loss or gradients not finite, skipped (%lld so far)\n", (long long)st_.step + 1,
-                  (long long)st_.skipped_nonfinite);
+      std::printf("step %lld: loss or gradients not finite, skipped (%lld so far)%s\n", (long long)st_.step + 1,
+                  (long long)st_.skipped_nonfinite, overflow.empty() ? "" : ("; " + overflow).c_str());
     }
     kill_point("step: the optimizer's update");
     ++st_.step;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 
 #include "io/float16.h"
@@ -113,6 +114,45 @@ TEST_F(ElementwiseTest, ToF16BlockWritesItsBlockOnly) {
   EXPECT_THROW(ops::to_f16_block(ctx(), g, 0, 4, g, 0, 8, 2, 6, 4), std::logic_error);  // cols > width
   EXPECT_THROW(ops::to_f16_block(ctx(), g, 0, 4, g, 0, 8, 200, 4, 4), std::logic_error);  // past the end
   ctx().free(g);
+}
+
+// The range check of mixed precision: the flag is raised by a finite value that rounds to an fp16
+// infinity (|x| >= 65520, after the block's scale), by no other (65519 rounds to 65504; fp32
+// infinities and NaN are not fp16's doing), and only ever raised: the other flags stay as they were.
+TEST_F(ElementwiseTest, Fp16RangeFlagIsRaisedOnlyBeyondFp16) {
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    std::vector<float> x;
+    float scale;
+    bool beyond;
+  };
+  const Case cases[] = {{{1.0f, -65519.0f, 65504.0f, 3.0f}, 1.0f, false},
+                        {{1.0f, 2.0f, -65520.0f, 0.5f}, 1.0f, true},
+                        {{inf, -inf, std::nanf(""), 7.0f}, 1.0f, false},
+                        {{1.0f, 40000.0f, 2.0f, 3.0f}, 2.0f, true},
+                        {{1.0f, 1e30f, 2.0f, 3.0f}, 1.0f, true}};
+  gpu::Buffer flags = ctx().alloc(16);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.x[1]) + " scale " + std::to_string(c.scale));
+    for (bool block : {false, true}) {
+      if (!block && c.scale != 1.0f) continue;  // to_f16 has no scale
+      ctx().upload(flags, std::vector<uint32_t>{5u, 0u, 0u, 0u});
+      auto gx = upload(c.x);
+      gpu::Buffer gy = ctx().alloc(64);
+      const ops::Fp16RangeFlag flag{flags, 2};
+      if (block)
+        ops::to_f16_block(ctx(), gx, 0, 2, gy, 0, 4, 2, 2, 4, c.scale, &flag);
+      else
+        ops::to_f16(ctx(), gx, gy, c.x.size(), &flag);
+      const auto got = ctx().download<uint32_t>(flags, 4);
+      EXPECT_EQ(got[0], 5u);
+      EXPECT_EQ(got[1], 0u);
+      EXPECT_EQ(got[2] != 0, c.beyond) << (block ? "to_f16_block" : "to_f16");
+      EXPECT_EQ(got[3], 0u);
+      ctx().free(gy);
+    }
+  }
+  ctx().free(flags);
 }
 
 TEST_F(ElementwiseTest, InPlaceAdd) {

@@ -17,8 +17,10 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <span>
 
+#include "model/random_model.h"
 #include "support/gpu_fixture.h"
 #include "util/error.h"
 #include "train/parity_support.h"
@@ -134,12 +136,11 @@ TEST_F(ParityMixed, TransformerRefusesBaseWeightsOfAnotherPrecision) {
   model::free_base_weights(ctx(), base);
 }
 
-// fp16 holds at most 65504: a checkpoint value beyond it (possible in BF16 or F32) is refused
-// with a UserError naming the tensor rather than becoming an infinity.
-TEST_F(ParityMixed, Fp16BaseWeightsRefuseValuesBeyondFp16Range) {
+// The qwen3-tied case's model written as F32 to `out`, with `change` applied to each tensor.
+void write_changed_model(const std::filesystem::path& out,
+                         const std::function<void(const std::string&, std::vector<float>&)>& change) {
   namespace fs = std::filesystem;
   const fs::path src = parity_cases_dir() / "qwen3-tied" / "model";
-  const fs::path out = fs::path(FORJA_BINARY_DIR) / "mixed_fp16_range_model";
   const io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(src);
   const std::vector<std::string> names = ck.names();
   std::vector<std::vector<float>> storage;
@@ -148,12 +149,22 @@ TEST_F(ParityMixed, Fp16BaseWeightsRefuseValuesBeyondFp16Range) {
   for (const std::string& name : names) {
     const io::TensorView t = ck.tensor(name);
     storage.push_back(t.to_float());
-    if (name == "model.layers.0.mlp.up_proj.weight") storage.back()[5] = 70000.0f;
+    change(name, storage.back());
     tensors.push_back({name, io::Dtype::F32, t.shape(), std::as_bytes(std::span(storage.back())), {}});
   }
   fs::create_directories(out);
   fs::copy_file(src / "config.json", out / "config.json", fs::copy_options::overwrite_existing);
   io::write_safetensors(out / "model.safetensors", std::move(tensors));
+}
+
+// fp16 holds at most 65504: a checkpoint value beyond it (possible in BF16 or F32) is refused
+// with a UserError naming the tensor rather than becoming an infinity.
+TEST_F(ParityMixed, Fp16BaseWeightsRefuseValuesBeyondFp16Range) {
+  namespace fs = std::filesystem;
+  const fs::path out = fs::path(FORJA_BINARY_DIR) / "mixed_fp16_range_model";
+  write_changed_model(out, [](const std::string& name, std::vector<float>& v) {
+    if (name == "model.layers.0.mlp.up_proj.weight") v[5] = 70000.0f;
+  });
 
   const model::ModelConfig config = model::load_model_config(out);
   const io::SafetensorsCheckpoint big = io::SafetensorsCheckpoint::open(out);
@@ -170,6 +181,56 @@ TEST_F(ParityMixed, Fp16BaseWeightsRefuseValuesBeyondFp16Range) {
   bo.dense_dtype = ops::DType::f32;
   model::BaseWeights base = model::load_base_weights(ctx(), big, config, bo);
   model::free_base_weights(ctx(), base);
+}
+
+// The forward range check (Transformer::fp16_range_report): an fp32 norm weight of 1e5 in the
+// last layer's post-attention norm puts its MLP input beyond fp16's range; the report names that
+// layer and input, with dense fp16 weights (to_f16) and with NF4 ones, whose products fold LoRA
+// in (to_f16_block). The unchanged model reports nothing.
+TEST_F(ParityMixed, ForwardRangeCheckNamesTheLayerAndInput) {
+  namespace fs = std::filesystem;
+  const fs::path plain = parity_cases_dir() / "qwen3-tied" / "model";
+  const fs::path big = fs::path(FORJA_BINARY_DIR) / "mixed_fp16_range_norm_model";
+  const model::ModelConfig config = model::load_model_config(plain);
+  const int64_t last = config.num_layers - 1;
+  const std::string norm = "model.layers." + std::to_string(last) + ".post_attention_layernorm.weight";
+  write_changed_model(big, [&](const std::string& name, std::vector<float>& v) {
+    if (name == norm)
+      for (float& x : v) x *= 1e5f;
+  });
+  const model::TokenBatch batch = model::random_token_batch(2, 9, config.vocab_size, 4);
+  for (model::BaseQuant quant : {model::BaseQuant::none, model::BaseQuant::nf4})
+    for (const fs::path& dir : {plain, big}) {
+      SCOPED_TRACE((quant == model::BaseQuant::nf4 ? "nf4 " : "dense ") + dir.string());
+      const io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(dir);
+      model::BaseWeightOptions bo;
+      bo.quant = quant;
+      bo.dense_dtype = ops::DType::f16;
+      model::BaseWeights base = model::load_base_weights(ctx(), ck, config, bo);
+      {
+        model::LoraSet lora(ctx(), config, model::LoraSettings{});
+        lora.init_peft(1);
+        model::TransformerOptions options;
+        options.precision = model::Precision::mixed;
+        model::Transformer tf(ctx(), base, lora, batch.batch, batch.seq, false, options);
+        gpu::Buffer loss = ctx().alloc(16, "loss");
+        ctx().fill(loss, 0);
+        tf.reset_fp16_range_check();
+        tf.run(batch, 1.0f, loss, true);
+        const std::string report = tf.fp16_range_report();
+        ctx().free(loss);
+        if (dir == plain) {
+          EXPECT_EQ(report, "");
+        } else {
+          const std::string want = "layer " + std::to_string(last) + "'s MLP input";
+          EXPECT_NE(report.find(want), std::string::npos) << report;
+          EXPECT_NE(report.find("65504"), std::string::npos) << report;
+        }
+        tf.reset_fp16_range_check();
+        EXPECT_EQ(tf.fp16_range_report(), "");  // reset clears what the run raised
+      }
+      model::free_base_weights(ctx(), base);
+    }
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
@@ -124,14 +126,17 @@ TEST(TrainCli, UserErrorsExitTwoWithOneLine) {
   EXPECT_EQ(again.exit_code, 0) << again.output;
 }
 
-// A copy of the example model whose final norm holds a NaN: every loss is NaN.
-fs::path nan_model() {
-  const fs::path dir = example().dir / "nan_model";
+// A copy of the example model in example().dir / name, with `change` applied to the bf16 data of
+// each tensor (its name, its values as bf16 bit patterns).
+fs::path changed_model(const std::string& name,
+                       const std::function<void(const std::string&, std::vector<uint16_t>&)>& change) {
+  const fs::path dir = example().dir / name;
   fs::create_directories(dir);
   for (const auto& e : fs::directory_iterator(example().model))
     if (e.path().filename() != "model.safetensors") fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing);
   const auto src = io::SafetensorsFile::open(example().model / "model.safetensors");
-  std::vector<uint16_t> nan_norm;
+  std::vector<std::vector<uint16_t>> changed;
+  changed.reserve(src.tensors().size());
   std::vector<io::TensorToWrite> out;
   for (const auto& info : src.tensors()) {
     io::TensorToWrite t;
@@ -139,15 +144,25 @@ fs::path nan_model() {
     t.dtype = info.dtype;
     t.shape = info.shape;
     t.data = src.view(info).bytes();
-    if (info.name == "model.norm.weight") {
-      nan_norm.assign(size_t(info.numel()), 0x3F80);  // bf16 1.0
-      nan_norm[1] = 0x7FC0;                           // bf16 NaN
-      t.data = std::as_bytes(std::span(nan_norm));
+    if (info.dtype == io::Dtype::BF16) {
+      changed.emplace_back(size_t(info.numel()));
+      std::memcpy(changed.back().data(), t.data.data(), t.data.size());
+      change(info.name, changed.back());
+      t.data = std::as_bytes(std::span(changed.back()));
     }
     out.push_back(std::move(t));
   }
   io::write_safetensors(dir / "model.safetensors", std::move(out));
   return dir;
+}
+
+// The example model whose final norm holds a NaN: every loss is NaN.
+fs::path nan_model() {
+  return changed_model("nan_model", [](const std::string& name, std::vector<uint16_t>& v) {
+    if (name != "model.norm.weight") return;
+    v.assign(v.size(), 0x3F80);  // bf16 1.0
+    v[1] = 0x7FC0;               // bf16 NaN
+  });
 }
 
 TEST(TrainCli, NonFiniteLossStopsOrIsSkipped) {
@@ -163,6 +178,25 @@ TEST(TrainCli, NonFiniteLossStopsOrIsSkipped) {
   r = run(args + (example().dir / "run_nan_skip").string() + " --skip-nonfinite");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("2 non-finite steps skipped"), std::string::npos) << r.output;
+}
+
+// --precision mixed: layer 1's post-attention norm scaled by 2^17 (bf16 0x4800) puts its MLP input
+// beyond fp16's range; the step is not finite and the message names the layer, the input and
+// the fix (the forward range check, Transformer::fp16_range_report). --skip-nonfinite names it too.
+TEST(TrainCli, MixedPrecisionOverflowNamesTheLayer) {
+  if (!fs::exists(program())) GTEST_SKIP() << program() << " not built";
+  const fs::path model = changed_model("fp16_overflow_model", [](const std::string& name, std::vector<uint16_t>& v) {
+    if (name == "model.layers.1.post_attention_layernorm.weight") v.assign(v.size(), 0x4800);  // 131072
+  });
+  const std::string args = "train --model " + model.string() + " --data " + example().data.string() +
+                           " --precision mixed --seq-len 48 --batch-size 2 --grad-accum 1 --max-steps 1 --out ";
+  Result r = run(args + (example().dir / "run_overflow").string());
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("layer 1's MLP input"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--precision fp32"), std::string::npos) << r.output;
+  r = run(args + (example().dir / "run_overflow_skip").string() + " --skip-nonfinite");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("layer 1's MLP input"), std::string::npos) << r.output;
 }
 
 }  // namespace
