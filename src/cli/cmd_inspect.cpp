@@ -107,7 +107,8 @@ forja::cli::CommandRegistration reg{
       cmd->add_option("--lora-rank", settings->lora_rank, "LoRA rank r")
           ->check(CLI::PositiveNumber);
       cmd->add_flag("--no-double-quant", *no_dq, "NF4 absmax in fp32 instead of double-quantised");
-      cmd->add_flag("--fp32", *fp32, "fp32 activations (reference mode) instead of 16-bit");
+      cmd->add_flag("--fp32", *fp32,
+                    "Plan for --precision fp32 (fp32 dense weights, embedding and LM head) instead of mixed");
       return [=]() -> int {
         if (!cmd->parsed()) return -1;  // another subcommand was chosen
         const std::filesystem::path dir(*model_dir);
@@ -115,7 +116,10 @@ forja::cli::CommandRegistration reg{
         const std::string weights = check_checkpoint(dir, c);  // errors before any output
         model::TrainingSettings s = *settings;
         s.double_quant = !*no_dq;
-        s.activation_bytes = *fp32 ? 4 : 2;
+        // As the trainer plans (train/trainer.cpp): the engine keeps fp32 activations in both
+        // precisions; mixed stores the dense weights in 16 bits.
+        s.activation_bytes = 4;
+        s.dense_weight_bytes = *fp32 ? 4 : 2;
 
         std::printf("model: %s (%s)\n", c.model_type.c_str(), dir.string().c_str());
         std::printf(
@@ -158,15 +162,14 @@ forja::cli::CommandRegistration reg{
           s.checkpointing = checkpointing;
           const model::MemoryPlan plan = model::plan_training_memory(c, s);
           std::printf(
-              "GPU memory estimate: batch %lld x seq %lld, LoRA r=%lld on 7 projections, %s "
-              "activations, "
+              "GPU memory estimate: batch %lld x seq %lld, LoRA r=%lld on 7 projections, --precision %s, "
               "checkpointing %s\n",
-              (long long)s.batch, (long long)s.seq_len, (long long)s.lora_rank,
-              *fp32 ? "fp32" : "16-bit", checkpointing ? "on" : "off");
+              (long long)s.batch, (long long)s.seq_len, (long long)s.lora_rank, *fp32 ? "fp32" : "mixed",
+              checkpointing ? "on" : "off");
           for (const model::MemoryPart& part : plan.parts)
-            std::printf("  %-26s %12s%s%s\n", part.name.c_str(), gb(part.bytes).c_str(),
+            std::printf("  %-34s %10s%s%s\n", part.name.c_str(), gb(part.bytes).c_str(),
                         part.note.empty() ? "" : "  ", part.note.c_str());
-          std::printf("  %-26s %12s\n", "total", gb(plan.total()).c_str());
+          std::printf("  %-34s %10s\n", "total", gb(plan.total()).c_str());
         }
         return 0;
       };

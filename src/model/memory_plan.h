@@ -37,7 +37,7 @@ struct TrainingSettings {
   bool nf4 = true;                // projection weights in NF4 (--quant nf4), else dense
   std::int64_t dense_weight_bytes = 2;  // embedding, LM head and dense projections: 2 (16-bit) or 4 (fp32)
   bool checkpointing = true;          // keep each layer's input only, recompute inside it
-  std::int64_t activation_bytes = 2;  // 2 in mixed precision (fp16/bf16), 4 in fp32 mode
+  std::int64_t activation_bytes = 4;  // the engine keeps fp32 activations in both precisions
   std::int64_t vocab_chunk = 8192;  // LM head + cross-entropy processed this many columns at a time
   double lora_dropout = 0.0;        // > 0 adds the dropout scratch (model/transformer.h)
 };

@@ -180,6 +180,25 @@ TEST(TrainCli, NonFiniteLossStopsOrIsSkipped) {
   EXPECT_NE(r.output.find("2 non-finite steps skipped"), std::string::npos) << r.output;
 }
 
+// forja inspect plans as the trainer does: the engine keeps fp32 activations in both precisions,
+// so the mixed and --fp32 plans differ in the dense weights (embedding) only.
+TEST(TrainCli, InspectPlansActivationsAsTheEngineKeepsThem) {
+  if (!fs::exists(program())) GTEST_SKIP() << program() << " not built";
+  const std::string args = "inspect --model " + example().model.string() + " --seq-len 4096 --batch 64";
+  const Result mixed = run(args), fp32 = run(args + " --fp32");
+  ASSERT_EQ(mixed.exit_code, 0) << mixed.output;
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  const auto line = [](const std::string& out, const std::string& part) {
+    const size_t at = out.find("  " + part + " ");
+    return at == std::string::npos ? std::string("(none)") : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_EQ(line(mixed.output, "saved activations"), line(fp32.output, "saved activations"));
+  EXPECT_NE(line(mixed.output, "saved activations"), "(none)");
+  EXPECT_NE(line(mixed.output, "embedding (16-bit)"), "(none)") << mixed.output;
+  EXPECT_NE(line(fp32.output, "embedding (32-bit)"), "(none)") << fp32.output;
+  EXPECT_NE(mixed.output.find("--precision mixed"), std::string::npos) << mixed.output;
+}
+
 // --precision mixed: layer 1's post-attention norm scaled by 2^17 (bf16 0x4800) puts its MLP input
 // beyond fp16's range; the step is not finite and the message names the layer, the input and
 // the fix (the forward range check, Transformer::fp16_range_report). --skip-nonfinite names it too.
