@@ -5,8 +5,9 @@
 // W ; A). dst[r][c] = fp16(scale * src[r][c]) for c < cols, 0 for cols <= c < width (padding up
 // to whole K tiles), r < rows; both row-major with their own row strides, from element offsets.
 // Rounding is round to nearest even (round_to_f16) as in to_f16. Workgroup row gl_WorkGroupID.y
-// of the dispatch, one invocation per packed pair of halves along it (grid-stride over the row:
-// no divisions); dst_off, dst_ld and width are even (the host checks).
+// of the dispatch, one invocation per VEC halves along it (grid-stride over the row: no
+// divisions). VEC (specialization constant 0) is 2, or 4 where the host found every source row
+// start, destination row start, cols and width multiples of 4 (one vec4 load, one uvec2 store).
 // _checked also sets flags[pc.flag] |= 1 when a finite source value is beyond fp16's range
 // (beyond_f16): mixed precision's range check of the base products' inputs.
 //! variant to_f16_block
@@ -21,21 +22,33 @@ layout(push_constant) uniform PC {
   uint flag;               // _checked: the flag this conversion sets
 } pc;
 
+layout(constant_id = 0) const uint VEC = 2;
+
 layout(set = 0, binding = 0) readonly buffer Src { float src[]; };
-layout(set = 0, binding = 1) writeonly buffer Dst { uint dst[]; };  // two halves per uint
+layout(set = 0, binding = 0) readonly buffer Src4 { vec4 src4[]; };  // the same binding, VEC 4
+layout(set = 0, binding = 1) writeonly buffer Dst { uint dst[]; };    // two halves per uint
+layout(set = 0, binding = 1) writeonly buffer Dst2 { uvec2 dst2[]; }; // four halves, VEC 4
 #ifdef RANGE_FLAG
 layout(set = 0, binding = 2) buffer Flags { uint flags[]; };
 #endif
 
 void main() {
   const uint r = gl_WorkGroupID.y;
-  const uint s = pc.src_off + r * pc.src_ld, d = (pc.dst_off + r * pc.dst_ld) / 2u;
+  const uint s = pc.src_off + r * pc.src_ld, d = pc.dst_off + r * pc.dst_ld;  // elements, halves
   bool beyond = false;
-  for (uint c = 2u * gl_GlobalInvocationID.x; c < pc.width; c += 2u * gl_NumWorkGroups.x * 256u) {
-    const float lo = c < pc.cols ? pc.scale * src[s + c] : 0.0;
-    const float hi = c + 1u < pc.cols ? pc.scale * src[s + c + 1u] : 0.0;
-    dst[d + c / 2u] = packHalf2x16(vec2(round_to_f16(lo), round_to_f16(hi)));
-    beyond = beyond || beyond_f16(lo) || beyond_f16(hi);
+  for (uint c = VEC * gl_GlobalInvocationID.x; c < pc.width; c += VEC * gl_NumWorkGroups.x * 256u) {
+    if (VEC == 4u) {
+      // cols is a multiple of 4: a chunk is all source or all padding
+      const vec4 v = c < pc.cols ? pc.scale * src4[(s + c) / 4u] : vec4(0.0);
+      dst2[(d + c) / 4u] = uvec2(packHalf2x16(vec2(round_to_f16(v.x), round_to_f16(v.y))),
+                                 packHalf2x16(vec2(round_to_f16(v.z), round_to_f16(v.w))));
+      beyond = beyond || beyond_f16(v.x) || beyond_f16(v.y) || beyond_f16(v.z) || beyond_f16(v.w);
+    } else {
+      const float lo = c < pc.cols ? pc.scale * src[s + c] : 0.0;
+      const float hi = c + 1u < pc.cols ? pc.scale * src[s + c + 1u] : 0.0;
+      dst[(d + c) / 2u] = packHalf2x16(vec2(round_to_f16(lo), round_to_f16(hi)));
+      beyond = beyond || beyond_f16(lo) || beyond_f16(hi);
+    }
   }
 #ifdef RANGE_FLAG
   if (beyond) atomicOr(flags[pc.flag], 1u);

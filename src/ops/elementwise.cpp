@@ -124,8 +124,13 @@ void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first,
     float scale;
     uint32_t flag;
   };
-  const auto& p = flag ? ctx.pipelines().get("to_f16_block_checked", 3, sizeof(Push))
-                       : ctx.pipelines().get("to_f16_block", 2, sizeof(Push));
+  // Four halves per invocation where every chunk of 4 is aligned in both matrices (window() starts
+  // bindings at 16-byte multiples, so the element offsets inside them keep these residues).
+  const bool vec4 = src_first % 4 == 0 && src_ld % 4 == 0 && dst_first % 4 == 0 && dst_ld % 4 == 0 &&
+                    cols % 4 == 0 && width % 4 == 0;
+  const uint32_t vec = vec4 ? 4 : 2;
+  const auto& p = flag ? ctx.pipelines().get("to_f16_block_checked", 3, sizeof(Push), {vec})
+                       : ctx.pipelines().get("to_f16_block", 2, sizeof(Push), {vec});
   // Rows per dispatch: both windows within the binding limit (and 32-bit indices).
   const uint64_t range = std::min<uint64_t>(usable_binding_bytes(ctx), 1ull << 31);
   const uint64_t row_bytes = std::max<uint64_t>(uint64_t(src_ld) * 4 * (cols > 0), uint64_t(dst_ld) * 2);
@@ -137,7 +142,7 @@ void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first,
                                         (uint64_t(n - 1) * src_ld + cols) * 4)
                                : window(ctx, src, 0, 4);
     const Window wd = window(ctx, dst, (dst_first + uint64_t(r0) * dst_ld) * 2, (uint64_t(n - 1) * dst_ld + width) * 2, 2);
-    const uint32_t groups_x = (width / 2 + kThreads - 1) / kThreads;
+    const uint32_t groups_x = (width / vec + kThreads - 1) / kThreads;
     std::vector<gpu::Binding> bindings = {{ws.view, gpu::Access::read}, {wd.view, gpu::Access::write}};
     if (flag) bindings.push_back({flag->flags, gpu::Access::read_write});
     ctx.dispatch(p, bindings, Push{n, cols, width, src_ld, ws.first, dst_ld, wd.first, scale, flag ? flag->index : 0u},

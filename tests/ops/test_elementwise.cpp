@@ -83,7 +83,8 @@ TEST_F(ElementwiseTest, ToF16BlockWritesItsBlockOnly) {
   };
   const Case cases[] = {{5, 3, 8, 7, 2, 12, 4, 1.0f},   {1, 16, 16, 16, 0, 16, 0, 2.0f},
                         {33, 16, 64, 48, 16, 130, 66, -0.5f}, {7, 0, 6, 5, 0, 10, 2, 1.0f},
-                        {300, 37, 38, 37, 0, 38, 0, 3.0f}};
+                        {300, 37, 38, 37, 0, 38, 0, 3.0f},    {9, 12, 20, 16, 4, 24, 8, 1.5f},
+                        {3, 8, 8, 8, 0, 8, 0, 1.0f}};  // the last two: four halves per invocation
   for (const Case& c : cases) {
     SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " -> width " + std::to_string(c.width));
     const size_t src_n = size_t(c.src_first) + size_t(c.rows) * c.src_ld + 4;
@@ -134,14 +135,17 @@ TEST_F(ElementwiseTest, Fp16RangeFlagIsRaisedOnlyBeyondFp16) {
   gpu::Buffer flags = ctx().alloc(16);
   for (const Case& c : cases) {
     SCOPED_TRACE(std::to_string(c.x[1]) + " scale " + std::to_string(c.scale));
-    for (bool block : {false, true}) {
+    for (int mode : {0, 1, 2}) {  // to_f16; to_f16_block two halves, then four halves per invocation
+      const bool block = mode > 0;
       if (!block && c.scale != 1.0f) continue;  // to_f16 has no scale
       ctx().upload(flags, std::vector<uint32_t>{5u, 0u, 0u, 0u});
       auto gx = upload(c.x);
       gpu::Buffer gy = ctx().alloc(64);
       const ops::Fp16RangeFlag flag{flags, 2};
-      if (block)
+      if (mode == 1)
         ops::to_f16_block(ctx(), gx, 0, 2, gy, 0, 4, 2, 2, 4, c.scale, &flag);
+      else if (mode == 2)
+        ops::to_f16_block(ctx(), gx, 0, 4, gy, 0, 4, 1, 4, 4, c.scale, &flag);
       else
         ops::to_f16(ctx(), gx, gy, c.x.size(), &flag);
       const auto got = ctx().download<uint32_t>(flags, 4);
