@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "gpu/spirv_interface.h"
 #include "gpu/vk_check.h"
 #include "kernels/spirv.h"
 
@@ -48,10 +49,22 @@ const Pipeline& PipelineCache::get(const std::string& variant, uint32_t bindings
   for (uint32_t s : spec) key += "," + std::to_string(s);
   if (subgroup_size) key += ";sg" + std::to_string(subgroup_size);
   auto it = pipelines_.find(key);
-  if (it != pipelines_.end()) return *it->second;
+  if (it != pipelines_.end()) {
+    if (it->second->bindings != bindings || it->second->push_bytes != push_bytes)
+      throw std::logic_error("kernel " + variant + ": asked for with " + std::to_string(bindings) + " bindings and " +
+                             std::to_string(push_bytes) + " push-constant bytes, and elsewhere with " +
+                             std::to_string(it->second->bindings) + " and " + std::to_string(it->second->push_bytes));
+    return *it->second;
+  }
 
   const kernels::Spirv* spv = kernels::find_spirv(variant);
   if (!spv) throw std::runtime_error("kernel variant '" + variant + "' is not built into this forja binary");
+  // The caller's view of the interface must be the shader's (spirv_interface.h).
+  const SpirvInterface iface = spirv_interface(spv->words, spv->word_count, "kernel " + variant);
+  if (iface.bindings > bindings || iface.push_bytes != push_bytes)
+    throw std::logic_error("kernel " + variant + ": the caller binds " + std::to_string(bindings) + " buffers and pushes " +
+                           std::to_string(push_bytes) + " bytes; the shader uses " + std::to_string(iface.bindings) +
+                           " bindings and a " + std::to_string(iface.push_bytes) + "-byte push-constant block");
   VkShaderModule module;
   auto mit = modules_.find(variant);
   if (mit != modules_.end()) {

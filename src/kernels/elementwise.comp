@@ -19,6 +19,9 @@
 //! variant ew_swiglu_bwd -DOP_SWIGLU_BWD
 //! variant ew_to_f16 -DOP_TO_F16
 //! variant ew_to_f16_checked -DOP_TO_F16 -DRANGE_FLAG
+#ifdef RANGE_FLAG
+#extension GL_KHR_memory_scope_semantics : require
+#endif
 #include "f16_round.glsl"
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC { uint n; float alpha; uint flag; } pc;
@@ -52,7 +55,8 @@ void main() {
     beyond = beyond || beyond_f16(lo) || beyond_f16(hi);
   }
 #ifdef RANGE_FLAG
-  if (beyond) atomicOr(flags[pc.flag], 1u);
+  // Queue-family scope: Device scope needs vulkanMemoryModelDeviceScope where the memory model is on.
+  if (beyond) atomicOr(flags[pc.flag], 1u, gl_ScopeQueueFamily, gl_StorageSemanticsBuffer, gl_SemanticsRelaxed);
 #endif
   return;
 #endif

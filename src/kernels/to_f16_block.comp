@@ -12,6 +12,9 @@
 // (beyond_f16): mixed precision's range check of the base products' inputs.
 //! variant to_f16_block
 //! variant to_f16_block_checked -DRANGE_FLAG
+#ifdef RANGE_FLAG
+#extension GL_KHR_memory_scope_semantics : require
+#endif
 #include "f16_round.glsl"
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC {
@@ -51,6 +54,7 @@ void main() {
     }
   }
 #ifdef RANGE_FLAG
-  if (beyond) atomicOr(flags[pc.flag], 1u);
+  // Queue-family scope: Device scope needs vulkanMemoryModelDeviceScope where the memory model is on.
+  if (beyond) atomicOr(flags[pc.flag], 1u, gl_ScopeQueueFamily, gl_StorageSemanticsBuffer, gl_SemanticsRelaxed);
 #endif
 }

@@ -1,0 +1,42 @@
+// gpu/spirv_interface.h: the bindings and push-constant bytes read from the embedded kernels match
+// what their GLSL declares (counted by hand below), and what is not SPIR-V is refused.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <vector>
+
+#include "gpu/spirv_interface.h"
+#include "kernels/spirv.h"
+
+namespace forja::gpu {
+namespace {
+
+SpirvInterface of(const char* variant) {
+  const kernels::Spirv* spv = kernels::find_spirv(variant);
+  if (!spv) throw std::runtime_error(std::string("no kernel ") + variant);
+  return spirv_interface(spv->words, spv->word_count, variant);
+}
+
+TEST(SpirvInterface, ReadsBindingsAndPushConstantBytes) {
+  // to_f16_block.comp: src, dst (+ flags when checked); 7 uints, a float, a uint = 36 bytes
+  EXPECT_EQ(of("to_f16_block").bindings, 2u);
+  EXPECT_EQ(of("to_f16_block").push_bytes, 36u);
+  EXPECT_EQ(of("to_f16_block_checked").bindings, 3u);
+  EXPECT_EQ(of("to_f16_block_checked").push_bytes, 36u);
+  // elementwise.comp: {uint n; float alpha; uint flag;}; add binds a, b, y; swiglu_bwd five
+  EXPECT_EQ(of("ew_add").bindings, 3u);
+  EXPECT_EQ(of("ew_add").push_bytes, 12u);
+  EXPECT_EQ(of("ew_swiglu_bwd").bindings, 5u);
+  EXPECT_EQ(of("ew_to_f16_checked").bindings, 3u);
+}
+
+TEST(SpirvInterface, RefusesWhatIsNotSpirv) {
+  const std::vector<uint32_t> junk = {1, 2, 3, 4, 5, 6};
+  EXPECT_THROW(spirv_interface(junk.data(), junk.size(), "junk"), std::runtime_error);
+  // a valid header whose first instruction claims more words than there are
+  const std::vector<uint32_t> cut = {0x07230203u, 0x00010000u, 0, 10, 0, (9u << 16) | 17u};
+  EXPECT_THROW(spirv_interface(cut.data(), cut.size(), "cut"), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace forja::gpu
