@@ -1,7 +1,7 @@
 // The test hooks: FORJA_TEST_* environment variables that make the program fail on purpose, at a
 // chosen place, the way a kill, a driver or another rank would, so the tests can check what forja
 // does then (tests/train/test_kill_anywhere.cpp, test_gpu_failures.cpp, test_run_safety.cpp,
-// test_distributed_train.cpp, train_cli_test.cpp). This is the only place that reads them: once,
+// test_distributed_train.cpp, test_train_cli.cpp). This is the only place that reads them: once,
 // at the first call of test_hooks(); the code that acts on one asks test_hooks() for its field.
 // In a real run none is set, every field is off, and each check costs a load and a branch.
 //
