@@ -1,10 +1,10 @@
 #include "gpu/memory.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
 
 #include "gpu/vk_check.h"
+#include "util/test_hooks.h"
 
 namespace forja::gpu {
 
@@ -15,14 +15,9 @@ std::string mib(uint64_t b) { return std::to_string((b + (1 << 20) - 1) >> 20) +
 
 // Test hook: FORJA_TEST_GPU_MEMORY_MIB=N makes every allocation that would take the arena past
 // N MiB fail as the driver fails it (VK_ERROR_OUT_OF_DEVICE_MEMORY), so the tests can check
-// what a GPU out of memory does on lavapipe, which has all of the machine's memory.
-uint64_t test_memory_limit() {
-  static const uint64_t limit = [] {
-    const char* v = std::getenv("FORJA_TEST_GPU_MEMORY_MIB");
-    return v && *v ? uint64_t(std::strtoull(v, nullptr, 10)) << 20 : 0;
-  }();
-  return limit;
-}
+// what a GPU out of memory does on lavapipe, which has all of the machine's memory
+// (util/test_hooks.h).
+uint64_t test_memory_limit() { return test_hooks().gpu_memory_limit_bytes; }
 }  // namespace
 
 Buffer Buffer::slice(uint64_t byte_offset, uint64_t byte_size) const {

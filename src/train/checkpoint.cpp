@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 #include <optional>
 #include <nlohmann/json.hpp>
 
@@ -16,6 +15,7 @@
 #include "io/safetensors.h"
 #include "util/error.h"
 #include "util/kill_point.h"
+#include "util/test_hooks.h"
 
 namespace forja::train {
 namespace fs = std::filesystem;
@@ -58,8 +58,7 @@ json state_to_json(const TrainerState& s) {
 }  // namespace
 
 void maybe_kill_for_test(int64_t step) {
-  const char* v = std::getenv("FORJA_TEST_KILL_IN_CHECKPOINT");
-  if (v && std::atoll(v) == step) ::kill(::getpid(), SIGKILL);
+  if (test_hooks().kill_in_checkpoint == step) ::kill(::getpid(), SIGKILL);
 }
 
 fs::path save_checkpoint(const fs::path& out_dir, const Checkpoint& c, const io::LoraTargetShapes& shapes,

@@ -66,7 +66,7 @@ std::filesystem::path resolve_resume(const std::filesystem::path& path, bool fal
 
 // Test hook: FORJA_TEST_KILL_IN_CHECKPOINT=STEP makes the process SIGKILL itself half-way through
 // writing that step's checkpoint (after some files are written, before the rename), so the tests
-// can check that an interrupted write never damages earlier checkpoints.
+// can check that an interrupted write never damages earlier checkpoints (util/test_hooks.h).
 void maybe_kill_for_test(int64_t step);
 
 }  // namespace forja::train

@@ -38,6 +38,7 @@
 #include "train/token_batch.h"
 #include "util/error.h"
 #include "util/kill_point.h"
+#include "util/test_hooks.h"
 
 namespace forja::train {
 namespace fs = std::filesystem;
@@ -75,16 +76,13 @@ struct SignalGuard {
 
 // Test hook: FORJA_TEST_FAIL_RANK=R:N makes rank R fail after step N with an error (R:N:kill: it
 // SIGKILLs itself; R:N:stop: it gets SIGUSR1, the stop request, alone), so the tests can check
-// that one failing rank ends the whole job and that one rank's stop request stops all.
+// that one failing rank ends the whole job and that one rank's stop request stops all
+// (util/test_hooks.h).
 void maybe_fail_rank_for_test(int rank, int64_t step) {
-  const char* v = std::getenv("FORJA_TEST_FAIL_RANK");
-  if (!v) return;
-  int r = -1;
-  long long n = -1;
-  char mode[8] = "";
-  if (std::sscanf(v, "%d:%lld:%7s", &r, &n, mode) < 2 || r != rank || n != step) return;
-  if (std::string(mode) == "kill") ::kill(::getpid(), SIGKILL);
-  if (std::string(mode) == "stop") {
+  const auto& f = test_hooks().fail_rank;
+  if (!f || f->rank != rank || f->step != step) return;
+  if (f->mode == "kill") ::kill(::getpid(), SIGKILL);
+  if (f->mode == "stop") {
     ::raise(SIGUSR1);
     return;
   }
@@ -650,12 +648,12 @@ int Run::execute() {
     st_.last_loss = loss;
     interval_tokens_ += tokens;
     log_step(loss, norm, r.lr);
-    // Test hook: FORJA_TEST_SIGTERM_AFTER_STEP=N sends this process SIGTERM after step N, so the
-    // tests can check the stop-and-save path without racing a fast GPU from outside.
-    if (const char* v = std::getenv("FORJA_TEST_SIGTERM_AFTER_STEP"); v && std::atoll(v) == st_.step) ::raise(SIGTERM);
-    // Test hook: FORJA_TEST_DEVICE_LOST_AFTER_STEP=N fails the next submit after step N as a lost
+    // Test hooks (util/test_hooks.h): FORJA_TEST_SIGTERM_AFTER_STEP=N sends this process SIGTERM
+    // after step N, so the tests can check the stop-and-save path without racing a fast GPU from
+    // outside; FORJA_TEST_DEVICE_LOST_AFTER_STEP=N fails the next submit after step N as a lost
     // device does (VK_ERROR_DEVICE_LOST), which lavapipe cannot be made to do.
-    if (const char* v = std::getenv("FORJA_TEST_DEVICE_LOST_AFTER_STEP"); v && std::atoll(v) == st_.step)
+    if (test_hooks().sigterm_after_step == st_.step) ::raise(SIGTERM);
+    if (test_hooks().device_lost_after_step == st_.step)
       gpu::vk_fail(VK_ERROR_DEVICE_LOST, "vkQueueSubmit (FORJA_TEST_DEVICE_LOST_AFTER_STEP)", __FILE__, __LINE__);
     maybe_fail_rank_for_test(world_.rank(), st_.step);
     if (data_->eval && c_.eval_every > 0 && st_.step % c_.eval_every == 0) evaluate();

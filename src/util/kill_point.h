@@ -4,7 +4,8 @@
 // With FORJA_TEST_KILL_AT=N the process SIGKILLs itself at the N-th point it passes (counted from
 // 1, in the order the main thread passes them, the same in every run of one configuration); with
 // FORJA_TEST_KILL_AT=list it prints "forja: kill point N: WHERE" to stderr at each, so the test
-// knows how many there are. Without the variable a kill point costs one load and a branch.
+// knows how many there are (util/test_hooks.h reads the variable). Without the variable a kill
+// point costs one load and a branch.
 #pragma once
 #include <signal.h>
 #include <unistd.h>
@@ -12,8 +13,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+
+#include "util/test_hooks.h"
 
 namespace forja {
 
@@ -22,12 +23,7 @@ struct KillPoints {
   int64_t kill_at = 0;  // 0: off
   bool list = false;
   std::atomic<int64_t> passed{0};
-  KillPoints() {
-    const char* v = std::getenv("FORJA_TEST_KILL_AT");
-    if (!v || !*v) return;
-    if (std::strcmp(v, "list") == 0) list = true;
-    else kill_at = std::atoll(v);
-  }
+  KillPoints() : kill_at(test_hooks().kill_at), list(test_hooks().list_kill_points) {}
 };
 inline KillPoints& kill_points() {
   static KillPoints k;

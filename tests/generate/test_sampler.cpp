@@ -5,8 +5,8 @@
 #include <map>
 #include <string>
 
-#include "data/test_paths.h"
 #include "data/text_stream.h"
+#include "data/tokenizer_fixtures.h"
 #include "model/sampler.h"
 #include "util/error.h"
 

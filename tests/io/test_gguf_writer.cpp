@@ -5,10 +5,10 @@
 
 #include <cstring>
 
+#include "io/file_helpers.h"
 #include "io/float16.h"
 #include "io/gguf_reader.h"
 #include "io/gguf_writer.h"
-#include "io/test_helpers.h"
 
 namespace forja::io {
 namespace {

@@ -7,9 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "io/atomic_file.h"
+#include "io/file_helpers.h"
 #include "io/float16.h"
 #include "io/safetensors.h"
-#include "io/test_helpers.h"
 #include "util/error.h"
 
 namespace forja::io {

@@ -15,9 +15,9 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include "io/file_helpers.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
-#include "io/test_helpers.h"
 #include "model/bnb4.h"
 #include "model/config.h"
 #include "model/nf4.h"

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "io/test_helpers.h"
+#include "io/file_helpers.h"
 #include "model/config.h"
 #include "model/config_fixtures.h"
 #include "util/error.h"

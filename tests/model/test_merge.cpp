@@ -16,10 +16,10 @@
 #include <set>
 
 #include "io/adapter.h"
+#include "io/file_helpers.h"
 #include "io/float16.h"
 #include "io/json_file.h"
 #include "io/safetensors.h"
-#include "io/test_helpers.h"
 #include "model/config.h"
 #include "model/merge.h"
 #include "model/nf4.h"

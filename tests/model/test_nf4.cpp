@@ -7,9 +7,9 @@
 #include <map>
 #include <random>
 
+#include "io/file_helpers.h"
 #include "io/float16.h"
 #include "io/safetensors.h"
-#include "io/test_helpers.h"
 #include "model/config_fixtures.h"
 #include "model/nf4.h"
 

@@ -7,7 +7,7 @@
 
 #include "data/tokenizer.h"
 #include "data/utf8.h"
-#include "test_paths.h"
+#include "tokenizer_fixtures.h"
 #include "util/error.h"
 
 namespace forja::data {

@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/chat_template.h"
-#include "test_paths.h"
+#include "tokenizer_fixtures.h"
 #include "util/error.h"
 
 namespace forja::data {

@@ -10,7 +10,7 @@
 #include "data/chat_template.h"
 #include "data/text_stream.h"
 #include "data/tokenizer.h"
-#include "test_paths.h"
+#include "tokenizer_fixtures.h"
 #include "util/error.h"
 
 namespace forja::data {

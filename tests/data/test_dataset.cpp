@@ -10,7 +10,7 @@
 #include <set>
 
 #include "data/dataset.h"
-#include "test_paths.h"
+#include "tokenizer_fixtures.h"
 #include "util/error.h"
 
 namespace forja::data {

@@ -1,10 +1,10 @@
-// Tokenizer speed benchmark (not part of forja_tests: the .cc suffix keeps it out of the glob).
+// Tokenizer speed benchmark, a stand-alone program (no CMake target builds it; see below).
 // Encodes every {"text"} document of a JSONL file on one thread, like make_fixtures.py --bench
 // does with Hugging Face tokenizers, and prints MB/s, the token count and the sha256 of all ids
 // (little-endian int32) so both can be compared for exactness over the whole text.
 //
 // Build (from the repo root; see docs/benchmarks.md, "Tokenizer"):
-//   g++ -std=c++20 -O2 -DNDEBUG -Isrc tests/data/tokenizer_bench.cc src/data/tokenizer.cpp \
+//   g++ -std=c++20 -O2 -DNDEBUG -Isrc bench/tokenizer_bench.cpp src/data/tokenizer.cpp \
 //       src/data/utf8.cpp -o build-data/tokenizer_bench -Wl,-Bstatic -lpcre2-8 -lutf8proc \
 //       -Wl,-Bdynamic -static-libstdc++ -static-libgcc
 // Run: build-data/tokenizer_bench MODEL_DIR BENCH.jsonl [HF_BENCH.json]

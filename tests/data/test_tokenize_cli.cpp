@@ -9,8 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "test_paths.h"
 #include "support/cli_runner.h"
+#include "tokenizer_fixtures.h"
 
 namespace forja::data {
 namespace {
