@@ -5,6 +5,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <numbers>
+#include <tuple>
 
 #include "io/json_file.h"
 #include "model/bnb4.h"
@@ -172,6 +173,18 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
                         {"num_attention_heads", c.num_heads},
                         {"num_key_value_heads", c.num_kv_heads}})
     if (v <= 0) r.fail(std::string("\"") + key + "\" must be positive, got " + std::to_string(v));
+  // Upper bounds far beyond any released model, so a damaged file is refused here rather than
+  // sizing tensor lists, parameter counts (int64 products) or buffers from a wild number: the
+  // model_config fuzz target found num_hidden_layers 777777772 building a 2 GB tensor list.
+  for (auto [key, v, most] : {std::tuple{"vocab_size", c.vocab_size, std::int64_t{1} << 24},
+                              {"hidden_size", c.hidden_size, std::int64_t{1} << 20},
+                              {"intermediate_size", c.intermediate_size, std::int64_t{1} << 22},
+                              {"num_hidden_layers", c.num_layers, std::int64_t{1} << 12},
+                              {"num_attention_heads", c.num_heads, std::int64_t{1} << 14},
+                              {"num_key_value_heads", c.num_kv_heads, std::int64_t{1} << 14}})
+    if (v > most)
+      r.fail(std::string("\"") + key + "\" is " + std::to_string(v) + ", beyond the " + std::to_string(most) +
+             " forja accepts (no model has that many): the file is damaged");
   if (c.num_heads % c.num_kv_heads != 0)
     r.fail("num_attention_heads (" + std::to_string(c.num_heads) +
            ") is not a multiple of num_key_value_heads (" + std::to_string(c.num_kv_heads) + ")");
@@ -187,6 +200,8 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& so
   }
   if (c.head_dim <= 0 || c.head_dim % 2 != 0)
     r.fail("head_dim must be positive and even for RoPE, got " + std::to_string(c.head_dim));
+  if (c.head_dim > (std::int64_t{1} << 14))
+    r.fail("head_dim is " + std::to_string(c.head_dim) + ", beyond the 16384 forja accepts: the file is damaged");
 
   const std::string act = r.string("hidden_act", "silu");
   if (act != "silu")

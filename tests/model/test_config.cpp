@@ -235,6 +235,13 @@ TEST(ModelConfig, RejectsBadConfigs) {
              }),
              "needs \"factor\"");
   EXPECT_HAS(user_error_of([] { parse(with(test::qwen3_0_6b(), "head_dim", "7")); }), "even");
+  // Sizes beyond any model are a damaged file (fuzz: model_config regress_layers_beyond_any_model),
+  // refused before anything is sized from them; the largest accepted still parses.
+  EXPECT_HAS(user_error_of([] { parse(with(test::qwen3_0_6b(), "num_hidden_layers", "777777772")); }),
+             "\"num_hidden_layers\" is 777777772, beyond the 4096");
+  EXPECT_HAS(user_error_of([] { parse(with(test::qwen3_0_6b(), "vocab_size", "16777217")); }), "damaged");
+  EXPECT_HAS(user_error_of([] { parse(with(test::qwen3_0_6b(), "head_dim", "32768")); }), "damaged");
+  EXPECT_EQ(parse(with(test::qwen3_0_6b(), "num_hidden_layers", "4096")).num_layers, 4096);
   EXPECT_HAS(user_error_of([] { parse(R"({"model_type":"qwen3","model_type":"llama"})"); }),
              "duplicate key");
   EXPECT_HAS(user_error_of([] { parse("[1]"); }), "must be a JSON object");
