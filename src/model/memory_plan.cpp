@@ -124,12 +124,13 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
     const std::uint64_t widest_io =
         static_cast<std::uint64_t>(std::max({c.hidden_size, c.intermediate_size, c.q_dim()}));
     plan.parts.push_back({"base product input (fp16)", tokens * (widest_io + fold) * 2, "one product at a time"});
-    // and runs LoRA's products on fp16 copies of the factors and of one layer's t
-    // (TransformerOptions::LoraProducts).
+    // and runs LoRA's products on fp16 copies of the factors and of one layer's t (and dt, where
+    // the products fold: Transformer::dt16_) (TransformerOptions::LoraProducts).
     if (plan.lora_parameters > 0) {
       const auto t_cols = static_cast<std::uint64_t>(s.lora_rank) * s.targets.size();
-      plan.parts.push_back({"LoRA factors and t (fp16 copies)", lora / 2 + tokens * t_cols * 2,
-                            "refreshed every run; t one layer at a time"});
+      const std::uint64_t copies = fold > 0 ? 2 : 1;
+      plan.parts.push_back({"LoRA factors and t (fp16 copies)", lora / 2 + copies * tokens * t_cols * 2,
+                            "refreshed every run; t and dt one layer at a time"});
     }
     // Mixed precision runs attention through the GEMM kernels (ops/attention_gemm.h): fp16
     // copies of one sequence's q, k, v, dout, its dk/dv per query head, one chunk of scores.
