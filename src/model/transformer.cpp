@@ -108,6 +108,12 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   if (options.precision == Precision::fp32 && options.attention == Attention::gemm)
     throw std::logic_error("Transformer: attention through the GEMM kernels is for mixed precision only");
   attention_ = resolve_attention(ctx, options, static_cast<uint32_t>(c_.head_dim), flash_kernel_);
+  // The GEMM path's fused forward where the device runs it (and the base products are not forced
+  // onto emulated or scalar kernels); asked here so that its one-time device probe waits now, not
+  // inside the first step.
+  fused_attention_forward_ = attention_ == Attention::gemm && options.base_kernel != ops::GemmKernel::coopmat_emulated &&
+                             options.base_kernel != ops::GemmKernel::scalar &&
+                             ops::attention_fused_forward_supported(ctx, static_cast<uint32_t>(c_.head_dim));
   using Nf4Products = TransformerOptions::Nf4Products;
   const bool dequantize = options.precision == Precision::mixed && options.nf4_products != Nf4Products::fused;
   max_tokens_ = max_batch * max_seq;
@@ -539,14 +545,16 @@ void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a,
   ops::rope_forward(ctx_, a.q, positions_, base_.inv_freq, T, nh, d);
   ops::rope_forward(ctx_, a.k, positions_, base_.inv_freq, T, nkv, d);
   const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
-  if (attention_ == Attention::flash)
+  if (attention_ == Attention::flash) {
     ops::flash_attention_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d, scale,
                                  {flash_kernel_});
-  else if (attention_ == Attention::gemm)
-    ops::attention_gemm_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d, scale,
-                                {options_.base_kernel});
-  else
+  } else if (attention_ == Attention::gemm) {
+    ops::AttentionGemmOptions ao{options_.base_kernel};
+    ao.fused_forward = fused_attention_forward_;
+    ops::attention_gemm_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d, scale, ao);
+  } else {
     ops::attention_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d, scale);
+  }
   ctx_.copy(x_in.slice(0, uint64_t(T) * H * 4), a.x2.slice(0, uint64_t(T) * H * 4));
   linear_forward(i, K::O, a.att, a.x2, a.t, true);  // x2 = x + o_proj(att)
 

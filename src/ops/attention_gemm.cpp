@@ -1,11 +1,15 @@
 #include "ops/attention_gemm.h"
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "ops/attention_common.h"
 #include "ops/chunking.h"
+#include "ops/elementwise.h"
 
 namespace forja::ops {
 
@@ -74,6 +78,96 @@ gpu::Buffer alloc_f16(gpu::Context& ctx, uint64_t halves, const char* what) {
   return ctx.alloc((halves + 7) / 8 * 16, what);
 }
 
+// ---- the fused forward (kernels/flash_forward_khr.comp) ----
+// Must match PC in kernels/flash_forward_khr.comp.
+struct FusedPush {
+  uint32_t seq, n_heads, n_kv_heads, head_dim;
+  float scale;
+  uint32_t q_off, k_off, v_off, seg_off, out_off, lse_off;
+};
+// 8 subgroups (128 query rows) and 64-key tiles: 110 TFLOP/s on an H100 against 102 for 4
+// subgroups, 83 for 32-key tiles (docs/benchmarks.md, 2026-12-05).
+constexpr uint32_t kFusedWarps = 8, kFusedKeys = 64;
+
+// The element order of a 16x16 fp32 accumulator that the fused kernel's softmax can work with:
+// lane l holds rows l/4 and l/4 + 8 and columns 2 (l % 4) + {0, 1} and those + 8 (NVIDIA's
+// m16n8k16 pattern); element i is in the row half (i >> row_shift) & 1 and the column half
+// (i >> col_shift) & 1.
+struct AccumulatorLayout {
+  std::string unsupported;  // empty when one of the orders matched
+  uint32_t row_shift = 0, col_shift = 0;
+};
+
+// coopmat_layout_probe's answer checked against both orders ({row, col} shifts {2, 1} and {1, 2}).
+AccumulatorLayout probe_accumulator_layout(gpu::Context& ctx) {
+  gpu::Buffer out = ctx.alloc(257 * 4, "accumulator layout probe");
+  ctx.dispatch(ctx.pipelines().get("coopmat_layout_probe", 1, 0), {{out, gpu::Access::write}}, nullptr, 0, 1, 1, 1,
+               "coopmat_layout_probe");
+  const std::vector<float> v = ctx.download<float>(out, 257);
+  ctx.free(out);
+  if (v[256] != 8.0f) return {"the accumulator has " + std::to_string(v[256]) + " elements per lane, not 8"};
+  for (const auto& [rs, cs] : {std::pair<uint32_t, uint32_t>{2, 1}, {1, 2}}) {
+    bool match = true;
+    for (uint32_t lane = 0; lane < 32 && match; ++lane)
+      for (uint32_t i = 0; i < 8 && match; ++i) {
+        const uint32_t r = lane / 4 + 8 * ((i >> rs) & 1), c = 2 * (lane % 4) + i % 2 + 8 * ((i >> cs) & 1);
+        match = v[r * 16 + c] == float(lane * 64 + i);
+      }
+    if (match) return {"", rs, cs};
+  }
+  std::string seen;
+  for (uint32_t i = 0; i < 8; ++i)
+    for (uint32_t x = 0; x < 256; ++x)
+      if (v[x] == float(i)) seen += " " + std::to_string(i) + "@(" + std::to_string(x / 16) + "," + std::to_string(x % 16) + ")";
+  return {"the accumulator's elements are not in an order the fused kernel knows (lane 0:" + seen + ")"};
+}
+
+// The probe's answer for this device, probed once (it cannot change while the program runs).
+const AccumulatorLayout& accumulator_layout(gpu::Context& ctx) {
+  static std::mutex mutex;
+  static std::map<const gpu::DeviceInfo*, AccumulatorLayout> layouts;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = layouts.find(&ctx.info());
+  if (it == layouts.end()) it = layouts.emplace(&ctx.info(), probe_accumulator_layout(ctx)).first;
+  return it->second;
+}
+
+// The forward as one kernel per group of sequences (kernels/flash_forward_khr.comp), on fp16
+// copies of q, k, v that keep their [tokens, heads, d] layout (d is a multiple of 16).
+void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const gpu::Buffer& k,
+                   const gpu::Buffer& v, const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
+                   float scale) {
+  const AccumulatorLayout& layout = accumulator_layout(ctx);
+  const auto& p = ctx.pipelines().get("flash_fwd_khr", 6, sizeof(FusedPush),
+                                      {kFusedWarps * 32, kFusedWarps, kFusedKeys, m.d, layout.row_shift,
+                                       layout.col_shift});
+  const uint32_t rows_per_group = kFusedWarps * 16;
+  const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_forward", m);
+  const uint32_t group = std::min(per, m.batch);
+  gpu::Buffer q16 = alloc_f16(ctx, group * m.q_seq(), "attention q fp16");
+  gpu::Buffer k16 = alloc_f16(ctx, group * m.kv_seq(), "attention k fp16");
+  gpu::Buffer v16 = alloc_f16(ctx, group * m.kv_seq(), "attention v fp16");
+  const uint32_t q_width = m.nh * m.d, kv_width = m.nkv * m.d;
+  for (uint32_t b0 = 0; b0 < m.batch; b0 += per) {
+    const uint32_t nb = std::min(per, m.batch - b0), tokens = nb * m.seq;
+    to_f16_block(ctx, q, uint64_t(b0) * m.q_seq(), q_width, q16, 0, q_width, tokens, q_width, q_width);
+    to_f16_block(ctx, k, uint64_t(b0) * m.kv_seq(), kv_width, k16, 0, kv_width, tokens, kv_width, kv_width);
+    to_f16_block(ctx, v, uint64_t(b0) * m.kv_seq(), kv_width, v16, 0, kv_width, tokens, kv_width, kv_width);
+    const AttentionBindings f = bind_attention(ctx, m, b0, nb, q, k, v, segments, out, lse);
+    const FusedPush push{m.seq, m.nh, m.nkv, m.d, scale, 0, 0, 0, f.segments.offset, f.out.offset, f.lse.offset};
+    const double flops = 2.0 * 2.0 * nb * m.nh * (0.5 * m.seq * (m.seq + 1.0)) * m.d;
+    ctx.dispatch(p,
+                 {{q16, gpu::Access::read},
+                  {k16, gpu::Access::read},
+                  {v16, gpu::Access::read},
+                  {f.segments.buffer, gpu::Access::read},
+                  {f.out.buffer, gpu::Access::write},
+                  {f.lse.buffer, gpu::Access::write}},
+                 push, (m.seq + rows_per_group - 1) / rows_per_group, m.nh, nb, "attention_fused_forward", flops);
+  }
+  for (const gpu::Buffer& b : {q16, k16, v16}) ctx.free(b);
+}
+
 // One query chunk: rows [c0, c0 + rows) of a sequence against keys [0, keys), keys = c0 + rows.
 struct Chunk {
   uint32_t c0, rows, keys, ldp;
@@ -120,6 +214,24 @@ uint64_t attention_gemm_scratch_bytes(uint32_t seq, uint32_t n_heads, uint32_t h
   return 4 * heads * 2 + 2 * heads * 4 + chunk * (4 + 4 + 2 + 2);
 }
 
+std::string attention_fused_forward_unsupported(gpu::Context& ctx, uint32_t head_dim) {
+  const gpu::DeviceInfo& info = ctx.info();
+  if (head_dim == 0 || head_dim % 16 != 0 || head_dim > 128)
+    return "head_dim " + std::to_string(head_dim) + " is not a multiple of 16 up to 128";
+  if (gpu::env_flag("FORJA_NO_COOPMAT")) return "FORJA_NO_COOPMAT is set";
+  if (gpu::env_flag("FORJA_NO_FUSED_ATTENTION")) return "FORJA_NO_FUSED_ATTENTION is set";
+  if (!gpu::PipelineCache::available("flash_fwd_khr") || !gpu::PipelineCache::available("coopmat_layout_probe"))
+    return "this build has no KHR / NV cooperative-matrix-2 kernels (a glslang >= 15 is needed)";
+  if (!info.nv_coopmat2) return "the device has no NV cooperative matrix 2 (conversions between uses)";
+  if (info.subgroup_size != 32) return "the subgroup size is " + std::to_string(info.subgroup_size) + ", not 32";
+  bool khr = false;
+  for (const gpu::CoopMatShape& e : info.khr_coopmat_shapes)
+    khr = khr || (e.m == 16 && e.n == 16 && e.k == 16 && e.a_type == "f16" && e.b_type == "f16" &&
+                  e.c_type == "f32" && e.result_type == "f32");
+  if (!khr) return "the device lists no KHR cooperative matrix 16x16x16 fp16 x fp16 + fp32";
+  return accumulator_layout(ctx).unsupported;
+}
+
 void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
                             const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
                             uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim,
@@ -129,6 +241,8 @@ void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::
   if (batch == 0 || seq == 0) return;
   check(ctx, op, m, o);
   check_attention_operands(op, m, q, k, v, segments, out, lse);
+  if (o.fused_forward && attention_fused_forward_supported(ctx, head_dim))
+    return fused_forward(ctx, m, q, k, v, segments, out, lse, scale);
 
   const uint32_t C = attention_gemm_chunk_rows(ctx, seq, n_heads, o);
   const uint64_t chunk_elems = uint64_t(n_heads) * C * round_up8(seq);

@@ -13,8 +13,15 @@
 //
 // Backward: dq is written per chunk; dk and dv are accumulated per query head over the chunks (in
 // fp32, [nh, S, d]) and then summed over the heads that share a kv head: deterministic, no atomics.
+//
+// Fused forward: where attention_fused_forward_supported (NVIDIA today), the forward is one kernel
+// (kernels/flash_forward_khr.comp: FlashAttention-2 on subgroup cooperative matrices, the softmax
+// in registers, no scores in memory; same roundings: q, k, v and P in fp16, statistics in fp32)
+// on fp16 copies of q, k, v in their own layout. The backward needs only out and lse, so it is the
+// same with or without it.
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "gpu/context.h"
 #include "ops/gemm.h"
@@ -28,7 +35,23 @@ struct AttentionGemmOptions {
   // (C 512) made the training step 2% faster than 64 MiB (C 256), 256 MiB 3% for 0.56 GiB more;
   // longer chunks give the dK/dV products a deeper K (docs/benchmarks.md).
   uint64_t scratch_budget = 128ull << 20;
+  // The forward as one fused kernel (kernels/flash_forward_khr.comp: FlashAttention-2 on
+  // subgroup cooperative matrices, the softmax in registers) where
+  // attention_fused_forward_supported says so; the backward is the same either way (it needs
+  // only out and lse).
+  bool fused_forward = true;
 };
+
+// Empty when the fused forward runs head_dim on this device, else why not: it needs KHR
+// cooperative matrices 16x16x16 (fp16, fp32 accumulation) at subgroup 32, NV cooperative matrix 2's
+// conversions, head_dim a multiple of 16 up to 128, FORJA_NO_COOPMAT and FORJA_NO_FUSED_ATTENTION
+// unset, and the accumulator
+// layout it is written for, which a probe kernel checks once per device (a one-time wait; call
+// it before timing or training starts).
+std::string attention_fused_forward_unsupported(gpu::Context& ctx, uint32_t head_dim);
+inline bool attention_fused_forward_supported(gpu::Context& ctx, uint32_t head_dim) {
+  return attention_fused_forward_unsupported(ctx, head_dim).empty();
+}
 
 // Query rows per chunk for this shape (at least 1, at most seq): options.chunk_rows, else as
 // many whole 16-row tiles as fit min(scratch_budget, max_binding_bytes).

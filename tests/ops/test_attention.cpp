@@ -1,5 +1,5 @@
 // Causal GQA attention, the fp32 tiled kernels (ops/attention.h) and the mixed-precision path
-// through the GEMM kernels (ops/attention_gemm.h), against the double-precision reference
+// through the GEMM kernels (ops/attention_gemm.h, with and without its fused forward), against the double-precision reference
 // (ops/ref/attention_ref.h): forward output and lse, backward dq/dk/dv, on awkward shapes (S not
 // a multiple of the tiles, head_dim 6 to 128, GQA ratios 3 and 2), with plain causal masks and
 // with packed segments that include padding rows. Sentinels after every output catch writes past
@@ -48,8 +48,16 @@ struct Impl {
   bool gemm = false;
   ops::GemmKernel kernel = ops::GemmKernel::automatic;
   uint32_t chunk_rows = 0;
+  bool fused_forward = false;  // the GEMM path's fused forward kernel (where the device runs it)
   std::string name() const {
-    return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) : "tiled";
+    return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) +
+                      (fused_forward ? " fused forward" : "")
+                : "tiled";
+  }
+  ops::AttentionGemmOptions options() const {
+    ops::AttentionGemmOptions o{kernel, chunk_rows};
+    o.fused_forward = fused_forward;
+    return o;
   }
 };
 
@@ -94,7 +102,7 @@ class AttentionTest : public GpuTest {
                const gpu::Buffer& seg, const gpu::Buffer& out, const gpu::Buffer& lse, const Shape& s, float scale) {
     if (!impl.gemm) return ops::attention_forward(ctx(), q, k, v, seg, out, lse, s.batch, s.seq, s.nh, s.nkv, s.d, scale);
     ops::attention_gemm_forward(ctx(), q, k, v, seg, out, lse, s.batch, s.seq, s.nh, s.nkv, s.d, scale,
-                                {impl.kernel, impl.chunk_rows});
+                                impl.options());
   }
   void backward(const Impl& impl, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
                 const gpu::Buffer& seg, const gpu::Buffer& out, const gpu::Buffer& lse, const gpu::Buffer& dout,
@@ -103,7 +111,7 @@ class AttentionTest : public GpuTest {
       return ops::attention_backward(ctx(), q, k, v, seg, out, lse, dout, dq, dk, dv, s.batch, s.seq, s.nh, s.nkv,
                                      s.d, scale);
     ops::attention_gemm_backward(ctx(), q, k, v, seg, out, lse, dout, dq, dk, dv, s.batch, s.seq, s.nh, s.nkv, s.d,
-                                 scale, {impl.kernel, impl.chunk_rows});
+                                 scale, impl.options());
   }
 
   void check(const Shape& s, const std::vector<int32_t>& seg, const Impl& impl = {}) {
@@ -199,6 +207,23 @@ TEST_F(AttentionTest, GemmPathCausalMatchesReference) {
 TEST_F(AttentionTest, GemmPathPackedSegmentsMatchReference) {
   for (const Impl& impl : kGemmImpls)
     for (const Shape& s : kShapes) check(s, packed_segments(s, rng_), impl);
+}
+
+// The fused forward kernel (kernels/flash_forward_khr.comp), where the device runs it (NVIDIA):
+// head_dim 16, 64, 128, sequences shorter than, equal to and beyond its 64-row and 64-key tiles,
+// with ragged ends; causal and packed; the backward (GEMM kernels) on its out and lse.
+TEST_F(AttentionTest, FusedForwardMatchesReference) {
+  const std::string why = ops::attention_fused_forward_unsupported(ctx(), 64);
+  if (!why.empty()) GTEST_SKIP() << "no fused attention forward here: " << why;
+  const Shape shapes[] = {{2, 7, 4, 2, 16},   {2, 65, 4, 2, 128}, {1, 64, 3, 1, 64}, {2, 130, 6, 1, 64},
+                          {1, 200, 4, 2, 128}, {1, 256, 8, 2, 128}, {3, 33, 2, 2, 32}};
+  const Impl fused{true, ops::GemmKernel::automatic, 0, true};
+  for (const Shape& s : shapes) {
+    check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
+    check(s, packed_segments(s, rng_), fused);
+  }
+  EXPECT_FALSE(ops::attention_fused_forward_supported(ctx(), 8));
+  EXPECT_FALSE(ops::attention_fused_forward_supported(ctx(), 144));
 }
 
 TEST_F(AttentionTest, GemmPathChunkRowsFollowTheBudget) {

@@ -1,0 +1,260 @@
+#version 450
+// The attention forward of mixed precision fused into one kernel (ops/attention_gemm.h: the GEMM
+// path's forward where the device runs this; its backward stays on the GEMM kernels), on
+// subgroup-scope cooperative matrices (GL_KHR_cooperative_matrix, 16x16x16 fp16 with fp32
+// accumulation), FlashAttention-2 structure with the softmax in registers:
+//
+// one workgroup per (tile of BR = 16 x WARPS query rows, head h, sequence); each subgroup owns 16
+// query rows, holds their q as A fragments and their output as HD/16 accumulators for the whole
+// loop. Per key tile of BC keys, the workgroup stages K and V (fp16 copies the host makes, rounded
+// to nearest even as every fp16 operand of forja) in shared memory; each subgroup computes its
+// S = Q K^T (BC/16 accumulators), the online softmax on its own elements (row maxima and sums
+// across the four lanes that share a row, by subgroup shuffles), rescales its accumulators,
+// converts P to A fragments (GL_NV_cooperative_matrix2's conversion between uses) and adds P V.
+// No [S, S] matrix exists anywhere and nothing goes through memory between the products.
+//
+// The softmax works on the accumulator's elements by their row and column, which the cooperative
+// -matrix extensions leave to the implementation. This kernel assumes the lane pattern of NVIDIA's
+// m16n8k16 accumulator: lane l holds rows l/4 and l/4 + 8, columns 2 (l % 4) + {0, 1} and those
+// + 8, eight elements whose order (which bit of i picks the row half, which the column half) is a
+// specialization constant. The host runs coopmat_layout_probe once per device and uses the kernel
+// only where the device stores exactly one of those orders (ops::attention_fused_forward_supported).
+//
+// Mask and outputs as ops/attention.h: query i sees key j iff j <= i and seg[j] == seg[i] != 0;
+// out = softmax(scale q k^T) v in fp32 [B*S, nh, d], lse = log-sum-exp (natural log) [B, nh, S],
+// -inf and out 0 for rows that see nothing. Scores are in log2 units (scale * log2(e) folded in,
+// exp2). Key tiles with no visible pair (past the causal limit, or segment ranges that do not
+// meet) are skipped; a subgroup skips a key tile entirely after its last row.
+//
+// Specialization constants: 0 workgroup size (32 x WARPS), 1 WARPS, 2 BC, 3 HD (= head_dim, a
+// multiple of 16 up to 128), 4 ROW_SHIFT and 5 COL_SHIFT (the accumulator's element order).
+//! variant flash_fwd_khr requires=nv_coopmat2
+//! variant coopmat_layout_probe -DPROBE requires=khr_coopmat
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_GOOGLE_include_directive : enable
+
+#if defined(PROBE)
+// Writes, for the 16x16 fp32 accumulator, lane * 64 + i at the place of element i of each lane
+// (row-major), and the elements per lane after the matrix.
+layout(local_size_x = 32) in;
+layout(set = 0, binding = 0) writeonly buffer Out { float o[]; };
+void main() {
+  coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator> c;
+  for (uint i = 0u; i < c.length(); ++i) c[i] = float(gl_SubgroupInvocationID * 64u + i);
+  coopMatStore(c, o, 0, 16, gl_CooperativeMatrixLayoutRowMajor);
+  if (gl_SubgroupInvocationID == 0u) o[256] = float(c.length());
+}
+#else
+#extension GL_NV_cooperative_matrix2 : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_vote : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint WARPS = 4;
+layout(constant_id = 2) const uint BC = 64;
+layout(constant_id = 3) const uint HD = 128;
+// The accumulator layout (the host's probe): element i of lane l is at row l/4 + 8 ((i >> ROW_SHIFT)
+// & 1), column 2 (l % 4) + i % 2 + 8 ((i >> COL_SHIFT) & 1).
+layout(constant_id = 4) const uint ROW_SHIFT = 2;
+layout(constant_id = 5) const uint COL_SHIFT = 1;
+
+layout(push_constant) uniform PC {
+  uint seq, n_heads, n_kv_heads, head_dim;
+  float scale;
+  uint q_off, k_off, v_off, seg_off, out_off, lse_off;  // element offsets (q, k, v: halves, multiples of 8)
+} pc;
+
+// fp16 copies of q, k, v [tokens, heads, d] (ops::to_f16_block, round to nearest even), 8 halves
+// per uvec4; their offsets are in halves, multiples of 8.
+layout(set = 0, binding = 0) readonly buffer Q { uvec4 q8[]; };
+layout(set = 0, binding = 1) readonly buffer K { uvec4 k8[]; };
+layout(set = 0, binding = 2) readonly buffer V { uvec4 v8[]; };
+layout(set = 0, binding = 3) readonly buffer Seg { int seg[]; };
+layout(set = 0, binding = 4) writeonly buffer Out { float o[]; };
+layout(set = 0, binding = 5) writeonly buffer Lse { float lse[]; };
+
+#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define FRAG_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+
+#define LOG2E 1.4426950408889634
+#define LN2 0.6931471805599453
+#define NEG_INF uintBitsToFloat(0xff800000u)
+
+const uint BR = 16u * WARPS;
+const uint NT = 32u * WARPS;
+const uint HF = HD / 16u;  // fragments across head_dim
+const uint NF = BC / 16u;  // fragments across a key tile
+const uint CH = HD / 8u;   // uvec4 chunks (8 halves) per staged row
+const uint LD = CH + 1u;   // staged row stride in uvec4: one chunk of padding against bank conflicts
+const uint KV_SIZE = BC * LD;
+const uint SH_SIZE = 2u * KV_SIZE > BR * LD ? 2u * KV_SIZE : BR * LD;
+
+shared uvec4 sh[SH_SIZE];  // K at 0, V at KV_SIZE; before the loop, Q at 0
+shared int sseg_k[BC];
+
+// Rows [row0, row0 + rows) of the head whose token-0 row starts at half `first` of an fp16
+// [tokens, heads, HD] tensor with `ld` halves per token, copied to sh[at...] (rows of LD chunks);
+// rows past the sequence are zero.
+#define STAGE(BUF, at, row0, rows, first, ld)                                                        \
+  for (uint x = gl_LocalInvocationIndex; x < (rows) * CH; x += NT) {                                 \
+    const uint r = x / CH, c = x % CH;                                                              \
+    sh[(at) + r * LD + c] = (row0) + r < pc.seq ? BUF[((first) + ((row0) + r) * (ld)) / 8u + c] : uvec4(0u); \
+  }
+
+// The range of the nonzero segment ids of positions [first, first + count) (lo > hi when there
+// is none) and whether any is padding or past the sequence; the same in every subgroup.
+void segment_range(uint sbase, uint first, uint count, out int lo, out int hi, out bool gap) {
+  int l = 0x7fffffff, h = -0x7fffffff - 1;
+  bool z = false;
+  for (uint i = gl_SubgroupInvocationID; i < count; i += gl_SubgroupSize) {
+    const uint p = first + i;
+    const int s = p < pc.seq ? seg[sbase + p] : 0;
+    if (s == 0) {
+      z = true;
+    } else {
+      l = min(l, s);
+      h = max(h, s);
+    }
+  }
+  lo = subgroupMin(l);
+  hi = subgroupMax(h);
+  gap = subgroupAny(z);
+}
+
+void main() {
+  const uint qt = gl_WorkGroupID.x, h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
+  const uint warp = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+  const uint nh = pc.n_heads, nkv = pc.n_kv_heads, d = pc.head_dim;
+  const uint g = h / (nh / nkv);
+  const uint q0 = qt * BR, qw = q0 + warp * 16u;
+  const uint tok0 = b * pc.seq, sbase = pc.seg_off + tok0;
+  const uint q_first = pc.q_off + (tok0 * nh + h) * d;
+  const uint k_first = pc.k_off + (tok0 * nkv + g) * d, v_first = pc.v_off + (tok0 * nkv + g) * d;
+
+  // q: staged, then this subgroup's 16 rows as A fragments for the whole loop.
+  STAGE(q8, 0u, q0, BR, q_first, nh * d);
+  barrier();
+  FRAG_A qa[HF];
+  [[unroll]] for (uint k = 0u; k < HF; ++k)
+    coopMatLoad(qa[k], sh, warp * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutRowMajor);
+
+  // This lane's two rows (the accumulator layout): r_lo and r_lo + 8 of the subgroup's 16.
+  const uint r_lo = lane >> 2u;
+  const uint row0 = qw + r_lo, row1 = qw + r_lo + 8u;
+  const int seg0 = row0 < pc.seq ? seg[sbase + row0] : 0, seg1 = row1 < pc.seq ? seg[sbase + row1] : 0;
+  int qlo, qhi;
+  bool qgap;
+  segment_range(sbase, q0, BR, qlo, qhi, qgap);
+
+  FRAG_C acc[HF];
+  [[unroll]] for (uint f = 0u; f < HF; ++f) acc[f] = FRAG_C(0.0);
+  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0, 0.0};
+  const float s2 = pc.scale * float(LOG2E);
+
+  const uint q_end = min(pc.seq, q0 + BR);
+  const uint tiles = (q_end + BC - 1u) / BC;
+  for (uint j = 0u; j < tiles; ++j) {
+    const uint k0 = j * BC;
+    int klo, khi;
+    bool kgap;
+    segment_range(sbase, k0, BC, klo, khi, kgap);
+    if (khi < qlo || klo > qhi) continue;  // no visible pair (the same decision in every subgroup)
+    barrier();                             // every subgroup is done with the previous tile
+    STAGE(k8, 0u, k0, BC, k_first, nkv * d);
+    STAGE(v8, KV_SIZE, k0, BC, v_first, nkv * d);
+    for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
+    barrier();
+    if (k0 > qw + 15u) continue;  // past this subgroup's last row
+    const bool full = !qgap && !kgap && qlo == qhi && klo == khi && qlo == klo && k0 + BC <= qw + 1u;
+
+    // S = Q K^T: K is staged [key][d], so K^T is its column-major reading.
+    FRAG_C s[NF];
+    [[unroll]] for (uint n = 0u; n < NF; ++n) {
+      s[n] = FRAG_C(0.0);
+      [[unroll]] for (uint k = 0u; k < HF; ++k) {
+        FRAG_B kb;
+        coopMatLoad(kb, sh, n * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutColumnMajor);
+        s[n] = coopMatMulAdd(qa[k], kb, s[n]);
+      }
+    }
+
+    // Online softmax on this lane's elements: element i is in row half (i >> ROW_SHIFT) & 1.
+    float mx[2] = {NEG_INF, NEG_INF};
+    [[unroll]] for (uint n = 0u; n < NF; ++n) {
+      [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+        const uint hh = (i >> ROW_SHIFT) & 1u;
+        float x = s[n][i] * s2;
+        if (!full) {
+          const uint c = n * 16u + 2u * (lane & 3u) + (i & 1u) + 8u * ((i >> COL_SHIFT) & 1u);
+          const uint qi = hh == 0u ? row0 : row1;
+          const int sq = hh == 0u ? seg0 : seg1;
+          if (k0 + c > qi || qi >= pc.seq || sq == 0 || sseg_k[c] != sq) x = NEG_INF;
+        }
+        s[n][i] = x;
+        mx[hh] = max(mx[hh], x);
+      }
+    }
+    float alpha[2], m_use[2], ls[2] = {0.0, 0.0};
+    [[unroll]] for (uint hh = 0u; hh < 2u; ++hh) {
+      mx[hh] = max(mx[hh], subgroupShuffleXor(mx[hh], 1u));
+      mx[hh] = max(mx[hh], subgroupShuffleXor(mx[hh], 2u));
+      const float m_new = max(m[hh], mx[hh]);
+      m_use[hh] = m_new == NEG_INF ? 0.0 : m_new;  // a row that has seen nothing yet: exp2(-inf) = 0
+      alpha[hh] = exp2(m[hh] - m_use[hh]);
+      m[hh] = m_new;
+    }
+    [[unroll]] for (uint n = 0u; n < NF; ++n) {
+      [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+        const uint hh = (i >> ROW_SHIFT) & 1u;
+        const float p = exp2(s[n][i] - m_use[hh]);
+        s[n][i] = p;
+        ls[hh] += p;
+      }
+    }
+    [[unroll]] for (uint hh = 0u; hh < 2u; ++hh) {
+      ls[hh] += subgroupShuffleXor(ls[hh], 1u);
+      ls[hh] += subgroupShuffleXor(ls[hh], 2u);
+      l[hh] = alpha[hh] * l[hh] + ls[hh];
+    }
+    [[unroll]] for (uint f = 0u; f < HF; ++f)
+      [[unroll]] for (uint i = 0u; i < 8u; ++i) acc[f][i] *= alpha[(i >> ROW_SHIFT) & 1u];
+
+    // O += P V: P (rounded to fp16 by the conversion) as A fragments, V staged [key][d] row-major.
+    FRAG_A pa[NF];
+    [[unroll]] for (uint n = 0u; n < NF; ++n) pa[n] = FRAG_A(s[n]);
+    [[unroll]] for (uint f = 0u; f < HF; ++f) {
+      [[unroll]] for (uint n = 0u; n < NF; ++n) {
+        FRAG_B vb;
+        coopMatLoad(vb, sh, KV_SIZE + n * 16u * LD + 2u * f, LD, gl_CooperativeMatrixLayoutRowMajor);
+        acc[f] = coopMatMulAdd(pa[n], vb, acc[f]);
+      }
+    }
+  }
+
+  // out = O / l for this lane's elements (two adjacent columns per element pair); lse by the
+  // first lane of each row.
+  const float inv[2] = {l[0] == 0.0 ? 0.0 : 1.0 / l[0], l[1] == 0.0 ? 0.0 : 1.0 / l[1]};
+  const uint out_first = pc.out_off + (tok0 * nh + h) * d;
+  [[unroll]] for (uint f = 0u; f < HF; ++f) {
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+      const uint hh = (i >> ROW_SHIFT) & 1u;
+      const uint qi = hh == 0u ? row0 : row1;
+      const uint c = f * 16u + 2u * (lane & 3u) + (i & 1u) + 8u * ((i >> COL_SHIFT) & 1u);
+      if (qi < pc.seq) o[out_first + qi * nh * d + c] = acc[f][i] * inv[hh];
+    }
+  }
+  if ((lane & 3u) == 0u) {
+    const uint stat = pc.lse_off + (b * nh + h) * pc.seq;
+    [[unroll]] for (uint hh = 0u; hh < 2u; ++hh) {
+      const uint qi = hh == 0u ? row0 : row1;
+      if (qi < pc.seq) lse[stat + qi] = l[hh] == 0.0 ? NEG_INF : (m[hh] + log2(l[hh])) * float(LN2);
+    }
+  }
+}
+#endif
