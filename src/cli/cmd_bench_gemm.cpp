@@ -12,7 +12,7 @@
 #include "cli/command.h"
 #include "gpu/context.h"
 #include "io/float16.h"
-#include "model/nf4.h"
+#include "quant/nf4.h"
 #include "ops/gemm.h"
 #include "ops/nf4.h"
 #include "util/error.h"
@@ -94,8 +94,8 @@ double run_one(forja::gpu::Context& ctx, const BenchSize& s, const Variant& v, i
     // W [N, K] (NT) or [K, N] (NN), double-quantised as QLoRA does; the check uses its
     // dequantised values.
     const int64_t rows = v.trans_b ? s.n : s.k, cols = v.trans_b ? s.k : s.n;
-    const forja::model::Nf4Tensor t = forja::model::nf4_quantize(b, {rows, cols});
-    b = forja::model::nf4_dequantize(t);
+    const forja::quant::Nf4Tensor t = forja::quant::nf4_quantize(b, {rows, cols});
+    b = forja::quant::nf4_dequantize(t);
     if (v.mixed)
       for (auto& x : b) x = round16(x);
     w = forja::ops::upload_nf4(ctx, t);

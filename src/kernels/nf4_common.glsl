@@ -1,4 +1,4 @@
-// NF4 weight decoding shared by nf4.comp and the fused NF4 GEMMs (layout: src/model/nf4.h,
+// NF4 weight decoding shared by nf4.comp and the fused NF4 GEMMs (layout: src/quant/nf4.h,
 // docs/formats.md section 3).
 //
 // The including shader declares, before including this file:

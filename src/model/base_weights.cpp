@@ -81,12 +81,12 @@ class CheckpointSource : public BaseWeightSource {
                       "; the checkpoint and its config.json do not belong together");
   }
   void read(const TensorSpec&, int64_t first, std::span<float> out) override {
-    if (bnb_) nf4_dequantize(*bnb_, first, out);
+    if (bnb_) quant::nf4_dequantize(*bnb_, first, out);
     else current_->to_float(out, first);
   }
-  Nf4Tensor read_nf4(const TensorSpec&, const Nf4Options& options) override {
+  quant::Nf4Tensor read_nf4(const TensorSpec&, const quant::Nf4Options& options) override {
     if (bnb_) return std::move(*bnb_);
-    return nf4_quantize(*current_, options);
+    return nf4_quantize_tensor(*current_, options);
   }
   void close(const TensorSpec& t) override {
     ck_.release(t.name);  // its pages are uploaded: keep the resident set small
@@ -99,7 +99,7 @@ class CheckpointSource : public BaseWeightSource {
  private:
   const io::SafetensorsCheckpoint& ck_;
   std::optional<io::TensorView> current_;
-  std::optional<Nf4Tensor> bnb_;  // the open projection, when stored as bitsandbytes NF4
+  std::optional<quant::Nf4Tensor> bnb_;  // the open projection, when stored as bitsandbytes NF4
   bool told_ = false;
 };
 
@@ -133,7 +133,7 @@ BaseWeights build_base_weights(gpu::Context& ctx, BaseWeightSource& source, cons
   w.inv_freq = ctx.alloc(inv_freq.size() * 4, "rope inv_freq");
   ctx.upload(w.inv_freq, inv_freq);
 
-  Nf4Options nf4_options;
+  quant::Nf4Options nf4_options;
   nf4_options.double_quant = options.double_quant;
   for (int64_t i = 0; i < c.num_layers; ++i) {
     BaseLayer layer;
@@ -153,7 +153,7 @@ BaseWeights build_base_weights(gpu::Context& ctx, BaseWeightSource& source, cons
       const TensorSpec weight{path + ".weight", TensorRole::linear, {s.out_features, s.in_features}};
       if (options.quant == BaseQuant::nf4) {
         source.open(weight);
-        Nf4Tensor q = source.read_nf4(weight, nf4_options);
+        quant::Nf4Tensor q = source.read_nf4(weight, nf4_options);
         source.close(weight);
         lin.nf4 = ops::upload_nf4(ctx, q);
         w.gpu_bytes += q.storage_bytes();

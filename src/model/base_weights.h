@@ -13,7 +13,7 @@
 #include "gpu/context.h"
 #include "io/safetensors.h"
 #include "model/config.h"
-#include "model/nf4.h"
+#include "quant/nf4.h"
 #include "ops/gemm.h"
 #include "ops/nf4.h"
 
@@ -77,7 +77,7 @@ class BaseWeightSource {
   // Elements [first, first + out.size()) in row-major order, as fp32.
   virtual void read(const TensorSpec& t, int64_t first, std::span<float> out) = 0;
   // The tensor quantised to NF4.
-  virtual Nf4Tensor read_nf4(const TensorSpec& t, const Nf4Options& options) = 0;
+  virtual quant::Nf4Tensor read_nf4(const TensorSpec& t, const quant::Nf4Options& options) = 0;
   // The tensor is on the GPU: its host copy may go.
   virtual void close(const TensorSpec&) {}
 };

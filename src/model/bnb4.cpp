@@ -174,7 +174,7 @@ std::vector<std::int64_t> bnb4_weight_shape(const io::SafetensorsCheckpoint& ck,
   return read_quant_state(ck, weight).shape;
 }
 
-Nf4Tensor read_bnb4_weight(const io::SafetensorsCheckpoint& ck, const std::string& weight,
+quant::Nf4Tensor read_bnb4_weight(const io::SafetensorsCheckpoint& ck, const std::string& weight,
                            const std::vector<std::int64_t>& expected) {
   const QuantState qs = read_quant_state(ck, weight);
   const std::string file = ck.path_of(weight).string();
@@ -195,22 +195,22 @@ Nf4Tensor read_bnb4_weight(const io::SafetensorsCheckpoint& ck, const std::strin
 
   // The code table must be NF4's: the kernels decode with those 16 values.
   const std::vector<float> quant_map = floats_of(companion(ck, weight, ".quant_map", io::Dtype::F32));
-  bool nf4_table = quant_map.size() == kNf4Code.size();
+  bool nf4_table = quant_map.size() == quant::kNf4Code.size();
   for (std::size_t i = 0; nf4_table && i < quant_map.size(); ++i)
-    nf4_table = std::bit_cast<std::uint32_t>(quant_map[i]) == std::bit_cast<std::uint32_t>(kNf4Code[i]);
+    nf4_table = std::bit_cast<std::uint32_t>(quant_map[i]) == std::bit_cast<std::uint32_t>(quant::kNf4Code[i]);
   if (!nf4_table)
     throw UserError(file + ": tensor '" + weight + ".quant_map' is not the 16-value NF4 table "
                     "(bitsandbytes get_4bit_type(\"nf4\")); forja decodes NF4 only: " + kUse16Bit);
 
   // Blocks of 64*m become m blocks of 64 with the same absmax (exact).
-  if (qs.blocksize % kNf4BlockSize != 0)
+  if (qs.blocksize % quant::kNf4BlockSize != 0)
     throw UserError(file + ": bitsandbytes weight '" + weight + "' uses blocksize " +
                     std::to_string(qs.blocksize) + "; forja's NF4 uses blocks of 64 and reads "
                     "blocksizes that are multiples of 64: " + kUse16Bit);
-  const std::int64_t m = qs.blocksize / kNf4BlockSize;
+  const std::int64_t m = qs.blocksize / quant::kNf4BlockSize;
   const std::int64_t stored_blocks = (n + qs.blocksize - 1) / qs.blocksize;
 
-  Nf4Tensor t;
+  quant::Nf4Tensor t;
   t.shape = qs.shape;
   t.numel = n;
   t.packed.resize(static_cast<std::size_t>((n + 1) / 2));
@@ -249,7 +249,7 @@ Nf4Tensor read_bnb4_weight(const io::SafetensorsCheckpoint& ck, const std::strin
                     "; the checkpoint is damaged: re-download it");
   // forja's nested block k covers its blocks [256k, 256k + 256), i.e. stored blocks
   // [256k/m, 256(k+1)/m): one stored nested block when nested_blocksize * m is a multiple of 256.
-  if ((qs.nested_blocksize * m) % kNf4NestedBlockSize != 0)
+  if ((qs.nested_blocksize * m) % quant::kNf4NestedBlockSize != 0)
     throw UserError(file + ": bitsandbytes weight '" + weight + "' uses blocksize " +
                     std::to_string(qs.blocksize) + " with nested_blocksize " +
                     std::to_string(qs.nested_blocksize) + ", which forja's layout (blocks of 64, "
@@ -261,11 +261,11 @@ Nf4Tensor read_bnb4_weight(const io::SafetensorsCheckpoint& ck, const std::strin
   for (std::int64_t b = 0; b < blocks; ++b)
     t.absmax_q[static_cast<std::size_t>(b)] =
         static_cast<std::uint8_t>(code_bytes[static_cast<std::size_t>(b / m)]);
-  const std::int64_t forja_nested = (blocks + kNf4NestedBlockSize - 1) / kNf4NestedBlockSize;
+  const std::int64_t forja_nested = (blocks + quant::kNf4NestedBlockSize - 1) / quant::kNf4NestedBlockSize;
   t.nested_absmax.resize(static_cast<std::size_t>(forja_nested));
   for (std::int64_t k = 0; k < forja_nested; ++k)
     t.nested_absmax[static_cast<std::size_t>(k)] =
-        nested[static_cast<std::size_t>(k * kNf4NestedBlockSize / m / qs.nested_blocksize)];
+        nested[static_cast<std::size_t>(k * quant::kNf4NestedBlockSize / m / qs.nested_blocksize)];
   return t;
 }
 

@@ -20,7 +20,7 @@
 // "bnb_4bit_compute_dtype": ..., "llm_int8_skip_modules": [...]}. Modules in the skip list
 // (lm_head; some layers in unsloth's "dynamic" quants) stay 16-bit: forja quantises those itself.
 //
-// forja's NF4 layout (model/nf4.h) is bitsandbytes' with blocks of 64, so the codes and the
+// forja's NF4 layout (quant/nf4.h) is bitsandbytes' with blocks of 64, so the codes and the
 // absmax are taken as stored. A blocksize of 64*m (128 on ROCm builds, 256) is converted exactly:
 // each stored absmax (or absmax code) is repeated for the m blocks of 64 it covers; with double
 // quantisation the nested absmax is repeated likewise, which is exact whenever the nested block
@@ -35,7 +35,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include "io/safetensors.h"
-#include "model/nf4.h"
+#include "quant/nf4.h"
 
 namespace forja::model {
 
@@ -67,7 +67,7 @@ bool is_bnb_checkpoint(const io::SafetensorsCheckpoint& ck);
 // Reads a bnb NF4 weight into forja's layout (blocks of 64), checking everything against the
 // format above and the logical shape `expected` ([out, in] from config.json): UserError naming
 // the file, the tensor and the fix on any mismatch. Copies the packed codes (numel/2 bytes).
-Nf4Tensor read_bnb4_weight(const io::SafetensorsCheckpoint& ck, const std::string& weight_name,
+quant::Nf4Tensor read_bnb4_weight(const io::SafetensorsCheckpoint& ck, const std::string& weight_name,
                            const std::vector<std::int64_t>& expected);
 
 // The logical shape that the quant-state JSON of a bnb NF4 weight records (validated).

@@ -16,7 +16,7 @@
 #include "model/bnb4.h"
 #include "model/config.h"
 #include "model/merge.h"
-#include "model/nf4.h"
+#include "quant/nf4.h"
 #include "util/error.h"
 
 namespace forja::model {
@@ -484,12 +484,12 @@ GgufExportSummary export_model_gguf(const GgufExportOptions& o) {
       w.add_tensor(gguf, o.dtype, {s.out_features, s.in_features},
                    [&, hf, s, heads, target, bnb, layer](std::span<std::byte> out) {
                      // W: as stored, or a bitsandbytes NF4 weight dequantised (the weights QLoRA saw).
-                     std::optional<Nf4Tensor> nf4;
+                     std::optional<quant::Nf4Tensor> nf4;
                      std::optional<io::TensorView> view;
                      if (bnb) nf4.emplace(read_bnb4_weight(ck, hf, {s.out_features, s.in_features}));
                      else view.emplace(ck.tensor(hf));
                      WeightReader reader = [&](std::int64_t first, std::span<float> v) {
-                       if (nf4) nf4_dequantize(*nf4, first, v);
+                       if (nf4) quant::nf4_dequantize(*nf4, first, v);
                        else view->to_float(v, first);
                      };
                      const io::Dtype dtype = io_dtype(o.dtype);

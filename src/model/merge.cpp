@@ -349,14 +349,14 @@ MergeSummary merge_adapter(const MergeOptions& o) {
           }
         }
         const std::vector<float> b = adapter.factor(t.layer, *t.target, 'B').to_float();
-        std::optional<Nf4Tensor> quantised;
+        std::optional<quant::Nf4Tensor> quantised;
         WeightReader reader = [&view](std::int64_t first, std::span<float> out) {
           view.to_float(out, first);
         };
         if (o.base == MergeBase::nf4) {
-          quantised = nf4_quantize(view, {.double_quant = o.double_quant, .threads = threads});
+          quantised = nf4_quantize_tensor(view, {.double_quant = o.double_quant, .threads = threads});
           reader = [&quantised](std::int64_t first, std::span<float> out) {
-            nf4_dequantize(*quantised, first, out);
+            quant::nf4_dequantize(*quantised, first, out);
           };
         }
         parallel_ranges(t.target->out_features, threads, [&](std::int64_t r0, std::int64_t r1) {

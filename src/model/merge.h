@@ -9,7 +9,7 @@
 // to double, and the sum is rounded ONCE to the output dtype (round to nearest even), so each
 // merged element is the correctly rounded value of W + scale * B A up to double's own error
 // (~1e-16 relative). With MergeBase::nf4 the W is dequant(NF4(W)) exactly as training sees it
-// (bitsandbytes-exact quantisation of the stored weight, fp32 dequantisation, model/nf4.h), so
+// (bitsandbytes-exact quantisation of the stored weight, fp32 dequantisation, quant/nf4.h), so
 // the merged model is the QLoRA-trained model itself rather than its adapter on the 16-bit W.
 //
 // Runs on the CPU with threads: a merge is bound by reading and writing the checkpoint (8 GB each

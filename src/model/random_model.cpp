@@ -69,7 +69,7 @@ class RandomSource : public BaseWeightSource {
         return;
     }
   }
-  Nf4Tensor read_nf4(const TensorSpec& t, const Nf4Options& options) override {
+  quant::Nf4Tensor read_nf4(const TensorSpec& t, const quant::Nf4Options& options) override {
     return random_nf4_tensor(t.shape, derive_seed(seed_, t.name), options.double_quant);
   }
 
@@ -131,8 +131,8 @@ void random_normal(uint64_t seed, int64_t first, std::span<float> out, float std
   });
 }
 
-Nf4Tensor random_nf4_tensor(const std::vector<int64_t>& shape, uint64_t seed, bool double_quant) {
-  Nf4Tensor t;
+quant::Nf4Tensor random_nf4_tensor(const std::vector<int64_t>& shape, uint64_t seed, bool double_quant) {
+  quant::Nf4Tensor t;
   t.shape = shape;
   t.numel = 1;
   for (int64_t d : shape) t.numel *= d;
@@ -157,7 +157,7 @@ Nf4Tensor random_nf4_tensor(const std::vector<int64_t>& shape, uint64_t seed, bo
     const double u = double(draw(absmax_stream, b) >> 11) * 0x1p-53;  // [0, 1)
     absmax[b] = static_cast<float>(0.02 * (2.2 + 0.6 * u));
   }
-  store_block_absmax(t, std::move(absmax), double_quant);
+  quant::store_block_absmax(t, std::move(absmax), double_quant);
   return t;
 }
 

@@ -20,7 +20,7 @@
 #include "gpu/context.h"
 #include "model/base_weights.h"
 #include "model/config.h"
-#include "model/nf4.h"
+#include "quant/nf4.h"
 #include "model/transformer.h"
 
 namespace forja::model {
@@ -41,7 +41,7 @@ BaseWeights random_base_weights(gpu::Context& ctx, const ModelConfig& config, co
 void random_normal(uint64_t seed, int64_t first, std::span<float> out, float stddev);
 
 // A valid NF4 tensor of `shape` with random codes and absmax values around 0.05 (see above).
-Nf4Tensor random_nf4_tensor(const std::vector<int64_t>& shape, uint64_t seed, bool double_quant);
+quant::Nf4Tensor random_nf4_tensor(const std::vector<int64_t>& shape, uint64_t seed, bool double_quant);
 
 // One micro-batch of `batch` rows of `seq` random token ids in [0, vocab); targets are the ids
 // shifted by one (the last position of each row has none), positions 0..seq-1, one document

@@ -148,7 +148,7 @@ void fused_gemm(gpu::Context& ctx, const gpu::Buffer& a, const Nf4Weight& w, con
 
 }  // namespace
 
-Nf4Weight upload_nf4(gpu::Context& ctx, const model::Nf4Tensor& t) {
+Nf4Weight upload_nf4(gpu::Context& ctx, const quant::Nf4Tensor& t) {
   Nf4Weight w;
   if (t.shape.size() == 2) {
     if (t.shape[0] <= 0 || t.shape[1] <= 0) throw std::logic_error("upload_nf4: empty weight");
@@ -175,14 +175,14 @@ Nf4Weight upload_nf4(gpu::Context& ctx, const model::Nf4Tensor& t) {
     w.absmax = upload_bytes(ctx, t.absmax.data(), blocks * 4, "nf4 absmax");
     return w;
   }
-  const uint64_t nested = (blocks + model::kNf4NestedBlockSize - 1) / model::kNf4NestedBlockSize;
+  const uint64_t nested = (blocks + quant::kNf4NestedBlockSize - 1) / quant::kNf4NestedBlockSize;
   if (t.absmax_q.size() != blocks || t.nested_absmax.size() != nested)
     throw std::logic_error("upload_nf4: absmax codes or nested absmax do not match the blocks");
   w.absmax = upload_bytes(ctx, t.absmax_q.data(), blocks, "nf4 absmax codes");
   w.nested_absmax = upload_bytes(ctx, t.nested_absmax.data(), nested * 4, "nf4 nested absmax");
   if (!t.code8.empty() && t.code8.size() != 256)
     throw std::logic_error("upload_nf4: a code8 table needs 256 entries");
-  const float* code8 = t.code8.empty() ? model::dynamic_map_signed().data() : t.code8.data();
+  const float* code8 = t.code8.empty() ? quant::dynamic_map_signed().data() : t.code8.data();
   w.code8 = upload_bytes(ctx, code8, 256 * 4, "nf4 code8");
   w.absmax_offset = t.absmax_offset;
   return w;

@@ -1,4 +1,4 @@
-// NF4 on the GPU: the frozen base weights of QLoRA, uploaded packed (model/nf4.h gives the
+// NF4 on the GPU: the frozen base weights of QLoRA, uploaded packed (quant/nf4.h gives the
 // layout), the fused products that dequantise tiles of W while loading them, so that no
 // dequantised copy of a whole weight exists (kernels/nf4_gemm*.comp), and the dequantisation
 // of a whole weight to fp32 or fp16 (kernels/nf4.comp; mixed-precision training dequantises one
@@ -19,12 +19,12 @@
 #include <cstdint>
 
 #include "gpu/context.h"
-#include "model/nf4.h"
+#include "quant/nf4.h"
 #include "ops/gemm.h"
 
 namespace forja::ops {
 
-// A quantised weight on the GPU, uploaded from model::Nf4Tensor (rows = out, cols = in).
+// A quantised weight on the GPU, uploaded from quant::Nf4Tensor (rows = out, cols = in).
 struct Nf4Weight {
   gpu::Buffer packed;         // uint8 [(rows*cols+1)/2], even element in the high nibble
   gpu::Buffer absmax;         // fp32 [blocks] without double quantisation, uint8 codes [blocks] with it
@@ -37,10 +37,10 @@ struct Nf4Weight {
 
 // t.shape = {rows, cols} (a 1-D tensor is one row). Throws std::logic_error when the packed
 // weight would exceed the device's binding limit (maxStorageBufferRange) or 2^31 elements.
-Nf4Weight upload_nf4(gpu::Context& ctx, const model::Nf4Tensor& t);
+Nf4Weight upload_nf4(gpu::Context& ctx, const quant::Nf4Tensor& t);
 void free_nf4(gpu::Context& ctx, Nf4Weight& w);
 
-// out [rows, cols] = dequant(W): fp32 bit-identical to model::nf4_dequantize (tests, merges), or
+// out [rows, cols] = dequant(W): fp32 bit-identical to quant::nf4_dequantize (tests, merges), or
 // fp16 rounded to nearest even (mixed precision dequantises a layer's weight into a scratch
 // buffer and multiplies with the dense cooperative-matrix GEMM; rows x cols a multiple of 8).
 // Outputs beyond the binding limit are written in several dispatches. out_ld (fp16 only, 0 = cols):

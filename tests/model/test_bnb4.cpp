@@ -91,8 +91,8 @@ TEST(Bnb4, DoubleQuantisedCodesEqualForjasOwnNf4BitForBit) {
     SCOPED_TRACE(name);
     ASSERT_TRUE(is_bnb4_weight(bnb, name));
     EXPECT_FALSE(is_bnb4_weight(original, name));
-    const Nf4Tensor read = read_bnb4_weight(bnb, name, shape_of(config, name));
-    const Nf4Tensor own = nf4_quantize(original.tensor(name), {.double_quant = true});
+    const quant::Nf4Tensor read = read_bnb4_weight(bnb, name, shape_of(config, name));
+    const quant::Nf4Tensor own = nf4_quantize_tensor(original.tensor(name), {.double_quant = true});
     ASSERT_TRUE(read.double_quant);
     EXPECT_EQ(read.shape, own.shape);
     EXPECT_EQ(read.packed, own.packed) << "4-bit codes or their nibble order differ";
@@ -106,11 +106,11 @@ TEST(Bnb4, DoubleQuantisedCodesEqualForjasOwnNf4BitForBit) {
     // checkpoint's codes mean what its own table says, so forja decodes with that one.
     table_differences = 0;
     for (std::size_t i = 0; i < 256; ++i)
-      table_differences += read.code8[i] != dynamic_map_signed()[i] ? 1 : 0;
-    Nf4Tensor own_with_table = own;
+      table_differences += read.code8[i] != quant::dynamic_map_signed()[i] ? 1 : 0;
+    quant::Nf4Tensor own_with_table = own;
     own_with_table.code8 = read.code8;
-    const std::vector<float> dequantised = nf4_dequantize(read);
-    EXPECT_TRUE(same_bits(dequantised, nf4_dequantize(own_with_table)));
+    const std::vector<float> dequantised = quant::nf4_dequantize(read);
+    EXPECT_TRUE(same_bits(dequantised, quant::nf4_dequantize(own_with_table)));
     EXPECT_TRUE(same_bits(dequantised, reference.tensor(name).to_float()))
         << "forja's dequantisation differs from the bitsandbytes formula's";
     multi_nested += read.nested_absmax.size() > 1 ? 1 : 0;
@@ -130,9 +130,9 @@ TEST(Bnb4, Blocksize128AndFp32AbsmaxAreReadExactly) {
     const auto bnb = io::SafetensorsCheckpoint::open(dir);
     const auto reference = io::SafetensorsCheckpoint::open(dir / "dequantized.safetensors");
     for (const std::string& name : linear_names(config)) {
-      const Nf4Tensor read = read_bnb4_weight(bnb, name, shape_of(config, name));
+      const quant::Nf4Tensor read = read_bnb4_weight(bnb, name, shape_of(config, name));
       EXPECT_EQ(read.double_quant, dq == "on");
-      EXPECT_TRUE(same_bits(nf4_dequantize(read), reference.tensor(name).to_float())) << name;
+      EXPECT_TRUE(same_bits(quant::nf4_dequantize(read), reference.tensor(name).to_float())) << name;
     }
   }
 }

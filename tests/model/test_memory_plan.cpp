@@ -6,7 +6,7 @@
 
 #include "model/config_fixtures.h"
 #include "model/memory_plan.h"
-#include "model/nf4.h"
+#include "quant/nf4.h"
 
 namespace forja::model {
 namespace {
@@ -17,7 +17,7 @@ TEST(MemoryPlan, Nf4BytesMatchQuantisedTensors) {
   for (std::int64_t n : {1, 63, 64, 65, 64 * 256, 64 * 256 + 1, 100000}) {
     std::vector<float> w(static_cast<std::size_t>(n), 0.25f);
     for (bool dq : {false, true}) {
-      Nf4Tensor t = nf4_quantize(w, {n}, {.double_quant = dq, .threads = 1});
+      quant::Nf4Tensor t = quant::nf4_quantize(w, {n}, {.double_quant = dq, .threads = 1});
       EXPECT_EQ(nf4_bytes(n, dq), t.storage_bytes()) << n << " dq " << dq;
     }
   }

@@ -22,7 +22,7 @@
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/merge.h"
-#include "model/nf4.h"
+#include "quant/nf4.h"
 #include "support/cli_runner.h"
 
 namespace forja::model {
@@ -343,8 +343,8 @@ TEST(Merge, FromNf4EqualsDequantisedBasePlusDelta) {
       const SourceTensor& src = m.tensors.at(name);
       const std::vector<double> v = src.values();
       const std::vector<float> f(v.begin(), v.end());
-      const Nf4Tensor q = nf4_quantize(f, src.shape, {.double_quant = dq, .threads = 1});
-      const std::vector<float> d = nf4_dequantize(q);
+      const quant::Nf4Tensor q = quant::nf4_quantize(f, src.shape, {.double_quant = dq, .threads = 1});
+      const std::vector<float> d = quant::nf4_dequantize(q);
       return std::vector<double>(d.begin(), d.end());
     };
     check_merged(dir / "out", m, a, 2.0, std::nullopt, nf4_base);

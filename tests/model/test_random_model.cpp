@@ -8,7 +8,7 @@
 #include <numeric>
 
 #include "model/config_fixtures.h"
-#include "model/nf4.h"
+#include "quant/nf4.h"
 #include "model/random_model.h"
 #include "support/gpu_fixture.h"
 #include "util/error.h"
@@ -101,7 +101,7 @@ TEST(RandomNormal, MeanAndStandardDeviation) {
 
 TEST(RandomNf4, ValidTensorWithSaneValues) {
   for (bool dq : {true, false}) {
-    const Nf4Tensor t = random_nf4_tensor({96, 640}, 3, dq);  // 960 blocks: several nested blocks
+    const quant::Nf4Tensor t = random_nf4_tensor({96, 640}, 3, dq);  // 960 blocks: several nested blocks
     EXPECT_EQ(t.numel, 96 * 640);
     EXPECT_EQ(t.packed.size(), size_t(96 * 640 / 2));
     EXPECT_EQ(t.double_quant, dq);
@@ -116,7 +116,7 @@ TEST(RandomNf4, ValidTensorWithSaneValues) {
       EXPECT_GT(a, 0.043f);
       EXPECT_LT(a, 0.057f);
     }
-    const std::vector<float> w = nf4_dequantize(t);
+    const std::vector<float> w = quant::nf4_dequantize(t);
     double sq = 0;
     for (float x : w) sq += double(x) * x;
     const double rms = std::sqrt(sq / w.size());

@@ -1,4 +1,4 @@
-// NF4 on the GPU (ops/nf4.h): dequantisation bit-identical to the CPU (model::nf4_dequantize)
+// NF4 on the GPU (ops/nf4.h): dequantisation bit-identical to the CPU (quant::nf4_dequantize)
 // with and without double quantisation, and the fused products y = x W^T and dx = dy W against
 // a double-precision product with the CPU-dequantised weight, on shapes that are not tile
 // multiples (odd numel included), with sentinels around the outputs.
@@ -9,7 +9,7 @@
 #include <random>
 
 #include "io/float16.h"
-#include "model/nf4.h"
+#include "quant/nf4.h"
 #include "ops/nf4.h"
 #include "support/gpu_fixture.h"
 
@@ -76,8 +76,8 @@ class Nf4GpuTest : public GpuTest {
   void check_dequantize(uint32_t rows, uint32_t cols, bool double_quant, uint32_t seed = 1) {
     SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + (double_quant ? " double quant" : ""));
     const std::vector<float> w = random_weight(rows, cols, seed);
-    const model::Nf4Tensor t = model::nf4_quantize(w, {rows, cols}, {double_quant, 0});
-    const std::vector<float> want = model::nf4_dequantize(t);
+    const quant::Nf4Tensor t = quant::nf4_quantize(w, {rows, cols}, {double_quant, 0});
+    const std::vector<float> want = quant::nf4_dequantize(t);
     ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
     EXPECT_EQ(gw.rows, rows);
     EXPECT_EQ(gw.cols, cols);
@@ -103,8 +103,8 @@ class Nf4GpuTest : public GpuTest {
                  (operands == DType::f16 ? " f16" : " f32") + (exact_values ? " exact" : ""));
     const bool half = operands == DType::f16;
     const std::vector<float> w = exact_values ? ternary_weight(rows, cols, seed) : random_weight(rows, cols, seed);
-    const model::Nf4Tensor t = model::nf4_quantize(w, {rows, cols}, {double_quant, 0});
-    std::vector<float> wd = model::nf4_dequantize(t);
+    const quant::Nf4Tensor t = quant::nf4_quantize(w, {rows, cols}, {double_quant, 0});
+    std::vector<float> wd = quant::nf4_dequantize(t);
     if (exact_values) {
       for (size_t e = 0; e < w.size(); ++e) ASSERT_EQ(wd[e], w[e]);
     }
@@ -190,10 +190,10 @@ TEST_F(Nf4GpuTest, DequantizeMatchesCpuExactly) {
 // decoded absmax, so using the wrong one cannot go unnoticed.
 TEST_F(Nf4GpuTest, DequantizeUsesTheTensorsOwnAbsmaxTable) {
   const uint32_t rows = 80, cols = 320;  // 400 blocks: two nested blocks
-  model::Nf4Tensor t = model::nf4_quantize(random_weight(rows, cols, 9), {rows, cols}, {true, 0});
-  const std::vector<float> builtin = model::nf4_dequantize(t);
-  for (float v : model::dynamic_map_signed()) t.code8.push_back(v * (1.0f + 1.0f / 128.0f));
-  const std::vector<float> want = model::nf4_dequantize(t);
+  quant::Nf4Tensor t = quant::nf4_quantize(random_weight(rows, cols, 9), {rows, cols}, {true, 0});
+  const std::vector<float> builtin = quant::nf4_dequantize(t);
+  for (float v : quant::dynamic_map_signed()) t.code8.push_back(v * (1.0f + 1.0f / 128.0f));
+  const std::vector<float> want = quant::nf4_dequantize(t);
   ASSERT_NE(want, builtin);
   ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
   gpu::Buffer out_view;
@@ -214,8 +214,8 @@ TEST_F(Nf4GpuTest, DequantizeToF16IsTheCpuValueRounded) {
     for (const auto& shape : shapes) {
       const uint32_t rows = shape[0], cols = shape[1];
       SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + (dq ? " double quant" : ""));
-      const model::Nf4Tensor t = model::nf4_quantize(random_weight(rows, cols, 3), {rows, cols}, {dq, 0});
-      const std::vector<float> want = model::nf4_dequantize(t);
+      const quant::Nf4Tensor t = quant::nf4_quantize(random_weight(rows, cols, 3), {rows, cols}, {dq, 0});
+      const std::vector<float> want = quant::nf4_dequantize(t);
       ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
       const uint16_t sentinel = 0x7e00;  // a NaN no value rounds to
       std::vector<uint16_t> init(want.size() + 16, sentinel);
@@ -241,8 +241,8 @@ TEST_F(Nf4GpuTest, DequantizeToF16WithARowStrideLeavesTheGapsAlone) {
   for (const auto& shape : shapes) {
     const uint32_t rows = shape[0], cols = shape[1], ld = shape[2];
     SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " ld " + std::to_string(ld));
-    const model::Nf4Tensor t = model::nf4_quantize(random_weight(rows, cols, 5), {rows, cols}, {true, 0});
-    const std::vector<float> want = model::nf4_dequantize(t);
+    const quant::Nf4Tensor t = quant::nf4_quantize(random_weight(rows, cols, 5), {rows, cols}, {true, 0});
+    const std::vector<float> want = quant::nf4_dequantize(t);
     ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
     const uint16_t sentinel = 0x7e00;
     std::vector<uint16_t> init(size_t(rows) * ld + 16, sentinel);
@@ -261,7 +261,7 @@ TEST_F(Nf4GpuTest, DequantizeToF16WithARowStrideLeavesTheGapsAlone) {
     EXPECT_EQ(bad, 0u);
   }
   // fp32 output, or a stride that is not a multiple of 8, is refused
-  const model::Nf4Tensor t = model::nf4_quantize(random_weight(8, 16, 1), {8, 16}, {false, 0});
+  const quant::Nf4Tensor t = quant::nf4_quantize(random_weight(8, 16, 1), {8, 16}, {false, 0});
   ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
   gpu::Buffer out = ctx().alloc(4096);
   EXPECT_THROW(ops::nf4_dequantize(ctx(), gw, out, DType::f32, 24), std::logic_error);
@@ -271,7 +271,7 @@ TEST_F(Nf4GpuTest, DequantizeToF16WithARowStrideLeavesTheGapsAlone) {
 }
 
 TEST_F(Nf4GpuTest, DequantizeToF16RejectsSizesNotAMultipleOf8) {
-  const model::Nf4Tensor t = model::nf4_quantize(random_weight(7, 9, 1), {7, 9}, {false, 0});
+  const quant::Nf4Tensor t = quant::nf4_quantize(random_weight(7, 9, 1), {7, 9}, {false, 0});
   ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
   gpu::Buffer out = ctx().alloc(256);
   EXPECT_THROW(ops::nf4_dequantize(ctx(), gw, out, DType::f16), std::logic_error);
@@ -287,8 +287,8 @@ TEST_F(Nf4GpuTest, DequantizeSplitsOutputsLargerThanTheBindingLimit) {
   const uint32_t cols = 4096, rows = static_cast<uint32_t>(range / 4 / cols + 3);
   std::vector<float> w(size_t(rows) * cols);
   for (size_t e = 0; e < w.size(); ++e) w[e] = float(int(e * 2654435761u % 2001) - 1000) * 1e-3f;
-  const model::Nf4Tensor t = model::nf4_quantize(w, {rows, cols}, {true, 0});
-  const std::vector<float> want = model::nf4_dequantize(t);
+  const quant::Nf4Tensor t = quant::nf4_quantize(w, {rows, cols}, {true, 0});
+  const std::vector<float> want = quant::nf4_dequantize(t);
   ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
   gpu::Buffer out = ctx().alloc(want.size() * 4);
   ops::nf4_dequantize(ctx(), gw, out);
@@ -335,7 +335,7 @@ TEST_F(Nf4GpuTest, CoopmatEmulatedFusedGemms) { gemm_suite(GemmKernel::coopmat_e
 TEST_F(Nf4GpuTest, CoopmatKernelsRejectF32Operands) {
   gpu::Buffer buf = ctx().alloc(4096);
   const std::vector<float> w = random_weight(8, 64, 1);
-  ops::Nf4Weight gw = ops::upload_nf4(ctx(), model::nf4_quantize(w, {8, 64}, {false, 0}));
+  ops::Nf4Weight gw = ops::upload_nf4(ctx(), quant::nf4_quantize(w, {8, 64}, {false, 0}));
   EXPECT_THROW(ops::nf4_gemm_xwt(ctx(), buf, gw, buf, 1, 1.0f, 0.0f, DType::f32, GemmKernel::coopmat_emulated),
                std::logic_error);
   ops::free_nf4(ctx(), gw);
@@ -365,7 +365,7 @@ TEST_F(Nf4GpuTest, FusedGemmsSplitRowsOverTheBindingLimit) {
 }
 
 TEST_F(Nf4GpuTest, RejectsPackedWeightsOverTheBindingLimit) {
-  model::Nf4Tensor t;
+  quant::Nf4Tensor t;
   const uint64_t range = ctx().info().max_storage_buffer_range;
   if (range >= (1ull << 30)) GTEST_SKIP() << "binding limit " << range << " too large to exceed cheaply";
   t.numel = int64_t(range) * 2 + 128;

@@ -222,8 +222,8 @@ void write_dequantized_model(const fs::path& src, const fs::path& out) {
   for (const std::string& name : names) {
     const io::TensorView t = ck.tensor(name);
     if (linears.count(name)) {
-      model::Nf4Tensor q = model::nf4_quantize(t, model::Nf4Options{true, 1});
-      storage.push_back(model::nf4_dequantize(q));
+      quant::Nf4Tensor q = model::nf4_quantize_tensor(t, quant::Nf4Options{true, 1});
+      storage.push_back(quant::nf4_dequantize(q));
     } else {
       storage.push_back(t.to_float());
     }
