@@ -17,7 +17,8 @@
 #include "data/dataset.h"
 #include "io/safetensors.h"
 #include "model/generator.h"
-#include "model/loaded_model.h"
+#include "app/loaded_model.h"
+#include "model/lora.h"
 #include "model/transformer.h"
 #include "util/error.h"
 
@@ -51,7 +52,7 @@ model::TokenBatch to_token_batch(const data::Batch& b) {
   return t;
 }
 
-void dump_logits(gpu::Context& ctx, const model::LoadedModel& m, const model::LoraSet* lora, const data::Batch& b,
+void dump_logits(gpu::Context& ctx, const app::LoadedModel& m, const model::LoraSet* lora, const data::Batch& b,
                  const std::string& path) {
   std::vector<int32_t> ids;
   for (int32_t s = 0; s < b.seq_len && b.segment_ids[s] == b.segment_ids[0] && b.segment_ids[0] != 0; ++s)
@@ -89,7 +90,7 @@ int run_eval(const EvalArgs& a) {
   if (a.seq_len < 0) throw UserError("--seq-len must be positive");
   auto ctx = gpu::Context::create(a.device, a.json);
   // Token-id data needs no tokenizer; the dataset asks for one when a line holds text.
-  model::LoadedModel m(*ctx, a.model, {.quant = quant, .tokenizer_optional = true});
+  app::LoadedModel m(*ctx, a.model, {.quant = quant, .tokenizer_optional = true});
   std::unique_ptr<model::LoraSet> lora;
   if (!a.adapter.empty()) {
     lora = model::load_adapter(*ctx, m.config, a.adapter);

@@ -21,7 +21,8 @@
 #include "data/text_stream.h"
 #include "model/generation_config.h"
 #include "model/generator.h"
-#include "model/loaded_model.h"
+#include "app/loaded_model.h"
+#include "model/lora.h"
 #include "model/sampler.h"
 #include "util/error.h"
 
@@ -94,7 +95,7 @@ uint32_t context_limit(const model::ModelConfig& c) {
 
 struct Session {
   gpu::Context& ctx;
-  model::LoadedModel& m;
+  app::LoadedModel& m;
   const data::Tokenizer& tok;
   std::optional<data::ChatTemplate> tmpl;
   std::vector<int32_t> stops;
@@ -139,7 +140,7 @@ int run_generate(const GenerateArgs& a) {
   model::Sampler sampler(sampling, seed);  // checks the settings before the slow loading
 
   auto ctx = gpu::Context::create(a.device);
-  model::LoadedModel m(*ctx, a.model, {.quant = quant});
+  app::LoadedModel m(*ctx, a.model, {.quant = quant});
   std::unique_ptr<model::LoraSet> lora;
   if (!a.adapter.empty()) lora = model::load_adapter(*ctx, m.config, a.adapter);
   const data::Tokenizer& tok = *m.tokenizer;

@@ -200,4 +200,25 @@ io::Adapter LoraSet::to_adapter(const std::string& base_model) {
   return adapter;
 }
 
+namespace fs = std::filesystem;
+
+std::unique_ptr<LoraSet> load_adapter(gpu::Context& ctx, const ModelConfig& config, const fs::path& adapter_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(adapter_dir, ec))
+    throw UserError("--adapter " + adapter_dir.string() +
+                    ": not a directory; give a PEFT adapter directory (adapter_config.json + "
+                    "adapter_model.safetensors)");
+  const io::LoraTargetShapes shapes = lora_target_shapes(config);
+  io::Adapter adapter = io::load_adapter(adapter_dir, shapes);
+  // target_modules may say "all-linear" or "self_attn.q_proj": LoraSettings wants plain names.
+  std::vector<std::string> names;
+  for (const io::LoraTarget* t :
+       io::resolve_targets(adapter.config, shapes, (adapter_dir / "adapter_config.json").string()))
+    names.push_back(t->name);
+  adapter.config.target_modules = names;
+  auto lora = std::make_unique<LoraSet>(ctx, config, LoraSettings::from_peft(adapter.config));
+  lora->load(adapter);
+  return lora;
+}
+
 }  // namespace forja::model

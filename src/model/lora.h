@@ -12,7 +12,9 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <filesystem>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -90,5 +92,10 @@ class LoraSet {
   uint64_t total_ = 0;
   gpu::Buffer params_, grads_;
 };
+
+// Reads a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors), checks
+// every factor against the model's projection shapes (UserError otherwise) and uploads it.
+std::unique_ptr<LoraSet> load_adapter(gpu::Context& ctx, const ModelConfig& config,
+                                      const std::filesystem::path& adapter_dir);
 
 }  // namespace forja::model

@@ -12,7 +12,8 @@
 #include "generate/generate_cases.h"
 #include "io/safetensors.h"
 #include "model/generator.h"
-#include "model/loaded_model.h"
+#include "app/loaded_model.h"
+#include "model/lora.h"
 #include "model/sampler.h"
 #include "support/gpu_fixture.h"
 
@@ -42,7 +43,7 @@ class GeneratorCase : public GpuTest, public ::testing::WithParamInterface<std::
 };
 
 TEST_P(GeneratorCase, PrefillLogitsMatchReference) {
-  model::LoadedModel m(ctx(), dir() / "model", {.quant = model::BaseQuant::none});
+  app::LoadedModel m(ctx(), dir() / "model", {.quant = model::BaseQuant::none});
   const auto lora = model::load_adapter(ctx(), m.config, dir() / "adapter");
   const std::vector<int32_t> ids = prompt_ids(dir());
   const io::SafetensorsFile ref = io::SafetensorsFile::open(dir() / "logits.safetensors");
@@ -57,7 +58,7 @@ TEST_P(GeneratorCase, PrefillLogitsMatchReference) {
 }
 
 TEST_P(GeneratorCase, StepByStepDecodingEqualsPrefill) {
-  model::LoadedModel m(ctx(), dir() / "model", {.quant = model::BaseQuant::none});
+  app::LoadedModel m(ctx(), dir() / "model", {.quant = model::BaseQuant::none});
   const auto lora = model::load_adapter(ctx(), m.config, dir() / "adapter");
   const std::vector<int32_t> ids = prompt_ids(dir());
   const size_t V = static_cast<size_t>(m.config.vocab_size);
@@ -90,7 +91,7 @@ TEST_P(GeneratorCase, StepByStepDecodingEqualsPrefill) {
 }
 
 TEST_P(GeneratorCase, GreedyIsDeterministicAndSamplingFollowsTheSeed) {
-  model::LoadedModel m(ctx(), dir() / "model", {.quant = model::BaseQuant::nf4});
+  app::LoadedModel m(ctx(), dir() / "model", {.quant = model::BaseQuant::nf4});
   const std::vector<int32_t> all_ids = prompt_ids(dir());
   const std::vector<int32_t> prompt(all_ids.begin(), all_ids.begin() + 9);
   auto run = [&](const model::SamplingSettings& s, uint64_t seed) {
@@ -126,7 +127,7 @@ TEST_P(GeneratorCase, GreedyIsDeterministicAndSamplingFollowsTheSeed) {
 }
 
 TEST_P(GeneratorCase, StopsAtAnEndToken) {
-  model::LoadedModel m(ctx(), dir() / "model", {.quant = model::BaseQuant::none});
+  app::LoadedModel m(ctx(), dir() / "model", {.quant = model::BaseQuant::none});
   const std::vector<int32_t> prompt = prompt_ids(dir());
   model::Generator gen(ctx(), m.base, nullptr, 64);
   model::Sampler sampler({}, 0);

@@ -3,24 +3,24 @@
 // path and the fix) for anything missing or inconsistent. Shared by generate, eval and train.
 //
 //   auto ctx = gpu::Context::create(device);
-//   model::LoadedModel m(*ctx, "Qwen3-0.6B", {.quant = model::BaseQuant::nf4});
+//   app::LoadedModel m(*ctx, "Qwen3-0.6B", {.quant = model::BaseQuant::nf4});
 //   m.config, m.base (BaseWeights on the GPU), m.tokenizer (data::Tokenizer)
 //   auto lora = model::load_adapter(*ctx, m.config, "out/adapter");   // PEFT dir -> LoraSet
+//
+// It lives above model/ and data/ (docs/design.md): it joins the two.
 #pragma once
 #include <filesystem>
-#include <memory>
 #include <optional>
 
 #include "data/tokenizer.h"
 #include "gpu/context.h"
 #include "model/base_weights.h"
 #include "model/config.h"
-#include "model/lora.h"
 
-namespace forja::model {
+namespace forja::app {
 
 struct ModelLoadOptions {
-  BaseQuant quant = BaseQuant::nf4;
+  model::BaseQuant quant = model::BaseQuant::nf4;
   bool tokenizer = true;  // false: skip tokenizer.json (the caller needs no text)
   // true: load tokenizer.json only if DIR has one (eval on token ids needs none); false: a
   // missing one is a UserError saying the command needs it (generate: text in and out).
@@ -36,17 +36,12 @@ class LoadedModel {
   LoadedModel& operator=(const LoadedModel&) = delete;
 
   std::filesystem::path dir;
-  ModelConfig config;
+  model::ModelConfig config;
   std::optional<data::Tokenizer> tokenizer;
-  BaseWeights base;
+  model::BaseWeights base;
 
  private:
   gpu::Context& ctx_;
 };
 
-// Reads a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors), checks
-// every factor against the model's projection shapes (UserError otherwise) and uploads it.
-std::unique_ptr<LoraSet> load_adapter(gpu::Context& ctx, const ModelConfig& config,
-                                      const std::filesystem::path& adapter_dir);
-
-}  // namespace forja::model
+}  // namespace forja::app
