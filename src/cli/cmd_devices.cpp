@@ -1,8 +1,14 @@
-// forja devices: every Vulkan device with its probed capabilities, and which one forja uses.
+// forja devices: every Vulkan device with its probed capabilities, which one forja uses, and
+// which kernels each precision runs there.
 #include <cstdio>
+#include <string>
 
 #include "cli/command.h"
+#include "gpu/context.h"
 #include "gpu/device.h"
+#include "model/precision.h"
+#include "ops/attention_gemm.h"
+#include "ops/gemm.h"
 
 namespace {
 
@@ -18,6 +24,16 @@ forja::cli::CommandRegistration reg{"devices", 10, [](CLI::App& app) {
     const auto& c = instance.devices()[chosen];
     std::printf("forja uses device %u: %s%s\n", chosen, c.name.c_str(),
                 c.is_cpu() ? " (the CPU, through Mesa lavapipe: fine for tests and tiny models)" : "");
+    // What each precision runs on the chosen device (opening it runs the one-time layout probe of
+    // the fused attention kernels).
+    auto ctx = forja::gpu::Context::create(static_cast<int>(chosen), true);
+    namespace ops = forja::ops;
+    std::printf("kernels there: %s\n", forja::model::describe_precision_choice("auto", *ctx).c_str());
+    std::printf("  fp32:  scalar fp32 kernels; attention in fp32 tiles\n");
+    const std::string fused = ops::attention_fused_forward_unsupported(*ctx, 128);
+    std::printf("  mixed: base products on %s; attention through the GEMM kernels, %s\n",
+                ops::gemm_kernel_name(ops::gemm_kernel_for(*ctx, ops::DType::f16)).c_str(),
+                fused.empty() ? "its forward fused (head_dim 128)" : ("no fused forward (" + fused + ")").c_str());
     return 0;
   };
 }};
