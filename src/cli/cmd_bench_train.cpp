@@ -246,6 +246,9 @@ int run_bench(BenchOptions o) {
               *fastest * 1e3, *slowest * 1e3);
   std::printf("  peak GPU memory   %s allocated (arena peak; %s reserved in blocks)\n", bytes_text(peak).c_str(),
               bytes_text(reserved).c_str());
+  // FORJA_ARENA_PEAK=1: what was live at the peak, by allocation name.
+  for (const auto& [name, bytes] : ctx->arena().peak_breakdown())
+    std::printf("    at peak: %-36s %s\n", name.empty() ? "(unnamed)" : name.c_str(), bytes_text(bytes).c_str());
   std::printf("  memory plan       %s estimated (model/memory_plan.h):\n", bytes_text(plan.total()).c_str());
   for (const model::MemoryPart& part : plan.parts)
     if (part.bytes) std::printf("    %-26s %12s\n", part.name.c_str(), bytes_text(part.bytes).c_str());

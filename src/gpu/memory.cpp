@@ -35,6 +35,7 @@ Arena::Arena(std::shared_ptr<Device> device, uint64_t block_bytes) : device_(std
   alignment_ = std::max<uint64_t>(16, info.min_storage_offset_alignment);
   // Ordinary blocks: 1 GiB, or the allocation limit when that is smaller.
   block_bytes_ = block_bytes ? block_bytes : std::min<uint64_t>(1ull << 30, info.max_allocation_size);
+  track_names_ = env_flag("FORJA_ARENA_PEAK");
 }
 
 Arena::~Arena() {
@@ -91,7 +92,11 @@ Buffer Arena::alloc(uint64_t bytes, const std::string& what) {
       if (len > need) b.free_ranges[off + need] = len - need;
       b.used[off] = need;
       in_use_ += need;
-      peak_ = std::max(peak_, in_use_);
+      if (track_names_) names_[{bi, off}] = what;
+      if (in_use_ > peak_) {
+        peak_ = in_use_;
+        if (track_names_) note_peak();
+      }
       return Buffer{b.buffer, off, need, bi};  // whole aligned extent: kernels may read it
     }
     return Buffer{};
@@ -121,6 +126,7 @@ void Arena::free(const Buffer& buf) {
   uint64_t off = it->first, len = it->second;
   b.used.erase(it);
   in_use_ -= len;
+  if (track_names_) names_.erase({buf.block, off});
   auto next = b.free_ranges.lower_bound(off);
   if (next != b.free_ranges.end() && next->first == off + len) {
     len += next->second;
@@ -134,6 +140,18 @@ void Arena::free(const Buffer& buf) {
     }
   }
   b.free_ranges[off] = len;
+}
+
+void Arena::note_peak() {
+  peak_names_.clear();
+  for (const auto& [where, name] : names_) peak_names_[name] += blocks_[where.first].used.at(where.second);
+}
+
+std::vector<std::pair<std::string, uint64_t>> Arena::peak_breakdown() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<std::string, uint64_t>> v(peak_names_.begin(), peak_names_.end());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  return v;
 }
 
 uint64_t Arena::bytes_reserved() const {

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu/device.h"
@@ -43,6 +44,10 @@ class Arena {
 
   uint64_t bytes_in_use() const { return in_use_; }
   uint64_t peak_bytes() const { return peak_; }
+  // With FORJA_ARENA_PEAK=1 in the environment when the arena was made: what was live at the
+  // peak, bytes per allocation name (alloc's `what`; "" unnamed), largest first. Empty otherwise.
+  // For checking the memory plan (model/memory_plan.h) against what the engine allocates.
+  std::vector<std::pair<std::string, uint64_t>> peak_breakdown() const;
   uint64_t bytes_reserved() const;  // sum of block sizes
   uint64_t alignment() const { return alignment_; }
 
@@ -61,7 +66,13 @@ class Arena {
   uint64_t alignment_ = 16;
   std::vector<Block> blocks_;
   uint64_t in_use_ = 0, peak_ = 0;
-  std::mutex mutex_;
+  // FORJA_ARENA_PEAK: the name of every live allocation (block, offset), and the live bytes per
+  // name at the last new peak.
+  bool track_names_ = false;
+  std::map<std::pair<uint32_t, uint64_t>, std::string> names_;
+  std::map<std::string, uint64_t> peak_names_;
+  void note_peak();
+  mutable std::mutex mutex_;
 };
 
 // Host-visible memory for transfers to and from the device.
