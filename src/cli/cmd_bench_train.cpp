@@ -123,7 +123,6 @@ int run_bench(BenchOptions o) {
   plan_settings.nf4 = nf4;
   plan_settings.dense_weight_bytes = precision == model::Precision::mixed ? 2 : 4;
   plan_settings.checkpointing = checkpointing;
-  plan_settings.activation_bytes = 4;
   const model::MemoryPlan plan = model::plan_training_memory(c, plan_settings);
   const model::StepFlops flops =
       model::training_step_flops(c, o.batch, o.seq_len, o.lora_rank, plan_settings.targets);

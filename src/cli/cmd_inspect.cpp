@@ -118,7 +118,6 @@ forja::cli::CommandRegistration reg{
         s.double_quant = !*no_dq;
         // As the trainer plans (train/trainer.cpp): the engine keeps fp32 activations in both
         // precisions; mixed stores the dense weights in 16 bits.
-        s.activation_bytes = 4;
         s.dense_weight_bytes = *fp32 ? 4 : 2;
 
         std::printf("model: %s (%s)\n", c.model_type.c_str(), dir.string().c_str());

@@ -2,7 +2,10 @@
 // the hand-written backward of one decoder layer (docs/formats.md §1.3): what each op's backward
 // reads must have been kept from the forward pass.
 #include "model/memory_plan.h"
+
+#include "model/block.h"
 #include "ops/attention_gemm.h"
+#include "ops/cross_entropy.h"
 
 #include <algorithm>
 #include <string>
@@ -34,20 +37,12 @@ WeightBytes weight_bytes(const ModelConfig& c) {
   return w;
 }
 
+std::int64_t lora_width(const TrainingSettings& s) {
+  return static_cast<std::int64_t>(s.targets.size()) * s.lora_rank;
+}
+
 std::int64_t saved_activation_elements_per_token(const ModelConfig& c, const TrainingSettings& s) {
-  const std::int64_t H = c.hidden_size, I = c.intermediate_size, q = c.q_dim(), kv = c.kv_dim();
-  std::int64_t e = 0;
-  e += H + 1;  // layer input (residual) + rstd of input_layernorm
-  e += H;      // normed input h: read by the q/k/v weight-gradient-free backward and LoRA A grads
-  if (c.qk_norm) e += q + kv + c.num_heads + c.num_kv_heads;  // q, k before their RMSNorm + rstd
-  e += q + 2 * kv;       // q, k after RoPE, v: attention backward
-  e += q + c.num_heads;  // attention output (o_proj input) + softmax log-sum-exp per head
-  e += H + 1;            // residual after attention + rstd of post_attention_layernorm
-  e += H;                // normed h for the MLP
-  e += 3 * I;            // gate, up, silu(gate)*up (down_proj input)
-  e += static_cast<std::int64_t>(s.targets.size()) *
-       s.lora_rank;  // A·x per LoRA target (for B's grad)
-  return e;
+  return block_elements_per_token(c, lora_width(s), BlockRole::saved);
 }
 
 std::uint64_t MemoryPlan::total() const {
@@ -61,7 +56,6 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
   const WeightBytes w = weight_bytes(c);
   const ParameterCounts p = count_parameters(c);
   const std::uint64_t tokens = static_cast<std::uint64_t>(s.batch * s.seq_len);
-  const std::uint64_t act = static_cast<std::uint64_t>(s.activation_bytes);
 
   // WeightBytes counts 16-bit weights; fp32 ones take dense_weight_bytes / 2 times as much.
   const std::uint64_t dense_bytes = static_cast<std::uint64_t>(s.dense_weight_bytes);
@@ -84,29 +78,22 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
   plan.parts.push_back({"LoRA gradients (fp32)", lora, ""});
   plan.parts.push_back({"AdamW moments (fp32)", 2 * lora, "first and second moment"});
 
-  const std::uint64_t per_layer =
-      static_cast<std::uint64_t>(saved_activation_elements_per_token(c, s)) * tokens * act;
+  // The engine's own buffers (model/transformer.cpp), all fp32: the residual stream entering
+  // every layer and leaving the last, the block table's saved tensors (model/block.h) for every
+  // layer or, with checkpointing, for the one being recomputed, the final norm, the token arrays.
   const std::uint64_t layers = static_cast<std::uint64_t>(c.num_layers);
-  const std::uint64_t final_norm = tokens * static_cast<std::uint64_t>(c.hidden_size + 1) * act;
-  if (s.checkpointing) {
-    // Each layer's input is kept; during backward one layer is recomputed in full.
-    const std::uint64_t inputs = layers * tokens * static_cast<std::uint64_t>(c.hidden_size) * act;
-    plan.parts.push_back({"saved activations", inputs + per_layer + final_norm,
-                          "checkpointing on: layer inputs + one layer recomputed"});
-  } else {
-    plan.parts.push_back(
-        {"saved activations", layers * per_layer + final_norm, "checkpointing off: every layer"});
-  }
+  const std::uint64_t H = static_cast<std::uint64_t>(c.hidden_size);
+  const std::uint64_t saved = static_cast<std::uint64_t>(saved_activation_elements_per_token(c, s));
+  const std::uint64_t stream = (layers + 1) * tokens * H * 4;
+  const std::uint64_t kept = (s.checkpointing ? 1 : layers) * tokens * saved * 4;
+  const std::uint64_t final_norm = tokens * (H + 1) * 4 + 4 * tokens * 4;
+  plan.parts.push_back({"saved activations", stream + kept + final_norm,
+                        s.checkpointing ? "checkpointing on: layer inputs + one layer recomputed"
+                                        : "checkpointing off: every layer"});
+  const std::uint64_t gradients =
+      tokens * static_cast<std::uint64_t>(block_elements_per_token(c, lora_width(s), BlockRole::gradient)) * 4;
+  plan.parts.push_back({"activation gradients", gradients, "one layer's, shared by all layers"});
 
-  // Scratch: gradients flowing back through a layer (residual stream fp32 twice, the widest
-  // intermediate twice), and one vocabulary chunk of logits and their gradients (fp32).
-  const std::uint64_t widest =
-      static_cast<std::uint64_t>(std::max({c.hidden_size, c.intermediate_size, c.q_dim()}));
-  const std::uint64_t chunk = static_cast<std::uint64_t>(std::min(s.vocab_chunk, c.vocab_size));
-  const std::uint64_t scratch = tokens * (2 * 4 * static_cast<std::uint64_t>(c.hidden_size) +
-                                          2 * act * widest + 2 * 4 * chunk);
-  plan.parts.push_back(
-      {"scratch", scratch, "activation gradients, one vocabulary chunk of logits"});
   // Mixed precision folds each NF4 projection's LoRA factor into its product, K growing by the
   // rank rounded up to 64 (Transformer::lora_folds): the scratches below are that much wider.
   const std::uint64_t fold =
@@ -132,12 +119,6 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
       plan.parts.push_back({"LoRA factors and t (fp16 copies)", lora / 2 + copies * tokens * t_cols * 2,
                             "refreshed every run; t and dt one layer at a time"});
     }
-    // Mixed precision runs attention through the GEMM kernels (ops/attention_gemm.h): fp16
-    // copies of one sequence's q, k, v, dout, its dk/dv per query head, one chunk of scores.
-    const auto nh = static_cast<std::uint32_t>(c.num_heads), seq = static_cast<std::uint32_t>(s.seq_len);
-    const std::uint32_t rows = ops::attention_gemm_chunk_rows(seq, nh, {}, UINT64_MAX);
-    plan.parts.push_back({"attention scratch", ops::attention_gemm_scratch_bytes(seq, nh, static_cast<std::uint32_t>(c.head_dim), rows),
-                          "one sequence, " + std::to_string(rows) + "-query chunks of scores"});
   }
   if (s.lora_dropout > 0) {
     // dropout(x) of one projection input at a time, fp32, in row chunks of at most [tokens, hidden]
@@ -147,6 +128,26 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
                           4 * std::max(tokens * static_cast<std::uint64_t>(c.hidden_size), widest_in),
                           "masks are hashed, not stored"});
   }
+  // Transient scratch: ops allocate it while they run and free it after, so only the largest
+  // counts. The LM head and cross-entropy hold a block of rows of one vocabulary chunk's logits
+  // (ops/cross_entropy.h); mixed precision's attention holds one sequence's fp16 copies and a
+  // chunk of scores (ops/attention_gemm.h).
+  ops::CrossEntropyOptions ce_options;
+  ce_options.vocab_chunk = static_cast<std::uint32_t>(s.vocab_chunk);
+  const std::uint64_t ce = ops::lm_head_cross_entropy_scratch_bytes(
+      static_cast<std::uint32_t>(tokens), static_cast<std::uint32_t>(c.hidden_size),
+      static_cast<std::uint32_t>(c.vocab_size), dense_bytes == 2, UINT64_MAX, ce_options);
+  std::uint64_t attention = 0;
+  std::uint32_t attention_rows = 0;
+  if (dense_bytes == 2) {
+    const auto nh = static_cast<std::uint32_t>(c.num_heads), seq = static_cast<std::uint32_t>(s.seq_len);
+    attention_rows = ops::attention_gemm_chunk_rows(seq, nh, {}, UINT64_MAX);
+    attention = ops::attention_gemm_scratch_bytes(seq, nh, static_cast<std::uint32_t>(c.head_dim), attention_rows);
+  }
+  plan.parts.push_back({"scratch (transient)", std::max(ce, attention),
+                        ce >= attention ? "the LM head's block of logits"
+                                        : "attention: one sequence, " + std::to_string(attention_rows) +
+                                              "-query chunks of scores"});
   return plan;
 }
 

@@ -37,7 +37,6 @@ struct TrainingSettings {
   bool nf4 = true;                // projection weights in NF4 (--quant nf4), else dense
   std::int64_t dense_weight_bytes = 2;  // embedding, LM head and dense projections: 2 (16-bit) or 4 (fp32)
   bool checkpointing = true;          // keep each layer's input only, recompute inside it
-  std::int64_t activation_bytes = 4;  // the engine keeps fp32 activations in both precisions
   std::int64_t vocab_chunk = 8192;  // LM head + cross-entropy processed this many columns at a time
   double lora_dropout = 0.0;        // > 0 adds the dropout scratch (model/transformer.h)
 };
@@ -55,12 +54,15 @@ struct MemoryPlan {
 };
 
 // The estimate: frozen weights (NF4 linears, 16-bit embedding/LM head, fp32 norms and biases),
-// LoRA parameters + gradients + two AdamW moments (fp32), saved activations (all of every
-// layer, or each layer's input plus one layer's worth during recomputation), and scratch
-// (activation gradients in flight, one vocabulary chunk of logits, attention statistics).
+// LoRA parameters + gradients + two AdamW moments (fp32), the engine's activation buffers (the
+// residual stream, the block table's saved tensors of every layer or, with checkpointing, of one,
+// the activation gradients: model/block.h, fp32 in both precisions), mixed precision's fp16
+// copies and scratches, and the transient scratch of one step (one vocabulary chunk of logits,
+// attention's scratch).
 MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s);
 
-// Activation elements saved per token by one layer for its backward (see memory_plan.cpp).
+// fp32 activation elements saved per token by one layer for its backward (the block table's
+// saved tensors, model/block.h).
 std::int64_t saved_activation_elements_per_token(const ModelConfig& c, const TrainingSettings& s);
 
 }  // namespace forja::model

@@ -4,7 +4,10 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 
+#include "model/block.h"
 #include "ops/attention.h"
 #include "ops/attention_gemm.h"
 #include "ops/cross_entropy.h"
@@ -154,52 +157,44 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
     t16_ = alloc((uint64_t(max_tokens_) * lora_width_ * 2 + 3) / 4 * 4, "lora t (fp16)");
   }
   const uint64_t T = max_tokens_, H = c_.hidden_size, I = c_.intermediate_size, nh = c_.num_heads,
-                 nkv = c_.num_kv_heads, d = c_.head_dim;
+                 d = c_.head_dim;
   ids_ = alloc(T * 4, "input ids");
   targets_ = alloc(T * 4, "targets");
   positions_ = alloc(T * 4, "positions");
   segments_ = alloc(T * 4, "segments");
   for (int64_t i = 0; i <= c_.num_layers; ++i) x_.push_back(alloc(T * H * 4, "residual stream"));
+  // One layer's activations (per layer, or one set with checkpointing) and the shared activation
+  // gradients, allocated from the block table (model/block.h) that the memory plan sums.
+  using Saved = gpu::Buffer LayerActs::*;
+  using Grad = gpu::Buffer GradScratch::*;
+  static const std::pair<const char*, Saved> saved_fields[] = {
+      {"h1", &LayerActs::h1},       {"rstd1", &LayerActs::rstd1},     {"q_raw", &LayerActs::q_raw},
+      {"k_raw", &LayerActs::k_raw}, {"rstd_q", &LayerActs::rstd_q},   {"rstd_k", &LayerActs::rstd_k},
+      {"q", &LayerActs::q},         {"k", &LayerActs::k},             {"v", &LayerActs::v},
+      {"attention out", &LayerActs::att}, {"attention lse", &LayerActs::lse}, {"x2", &LayerActs::x2},
+      {"h2", &LayerActs::h2},       {"rstd2", &LayerActs::rstd2},     {"gate", &LayerActs::g},
+      {"up", &LayerActs::u},        {"swiglu", &LayerActs::act},      {"lora t", &LayerActs::t}};
+  static const std::pair<const char*, Grad> grad_fields[] = {
+      {"dx", &GradScratch::dx},         {"dh", &GradScratch::dh},         {"datt", &GradScratch::datt},
+      {"dq", &GradScratch::dq},         {"dk", &GradScratch::dk},         {"dv", &GradScratch::dv},
+      {"dq_raw", &GradScratch::dq_raw}, {"dk_raw", &GradScratch::dk_raw}, {"dgate", &GradScratch::dg},
+      {"dup", &GradScratch::du},        {"dswiglu", &GradScratch::dact},  {"lora dt", &GradScratch::dt}};
+  auto field_of = [](const auto& fields, const char* name) {
+    for (const auto& [n, f] : fields)
+      if (std::string_view(n) == name) return f;
+    throw std::logic_error(std::string("Transformer: the block table's tensor '") + name + "' has no buffer");
+  };
+  const std::vector<BlockTensor> block = block_tensors(c_, lora_width_);
   const size_t n_acts = checkpointing_ ? 1 : static_cast<size_t>(c_.num_layers);
   for (size_t i = 0; i < n_acts; ++i) {
     auto a = std::make_unique<LayerActs>();
-    a->h1 = alloc(T * H * 4, "h1");
-    a->rstd1 = alloc(T * 4, "rstd1");
-    if (c_.qk_norm) {
-      a->q_raw = alloc(T * nh * d * 4, "q_raw");
-      a->k_raw = alloc(T * nkv * d * 4, "k_raw");
-      a->rstd_q = alloc(T * nh * 4, "rstd_q");
-      a->rstd_k = alloc(T * nkv * 4, "rstd_k");
-    }
-    a->q = alloc(T * nh * d * 4, "q");
-    a->k = alloc(T * nkv * d * 4, "k");
-    a->v = alloc(T * nkv * d * 4, "v");
-    a->att = alloc(T * nh * d * 4, "attention out");
-    a->lse = alloc(T * nh * 4, "attention lse");
-    a->x2 = alloc(T * H * 4, "x2");
-    a->h2 = alloc(T * H * 4, "h2");
-    a->rstd2 = alloc(T * 4, "rstd2");
-    a->g = alloc(T * I * 4, "gate");
-    a->u = alloc(T * I * 4, "up");
-    a->act = alloc(T * I * 4, "swiglu");
-    a->t = alloc(T * lora_width_ * 4, "lora t");
+    for (const BlockTensor& t : block)
+      if (t.role == BlockRole::saved) (*a).*field_of(saved_fields, t.name) = alloc(T * t.per_token * 4, t.name);
     acts_.push_back(std::move(a));
   }
   grad_ = std::make_unique<GradScratch>();
-  grad_->dx = alloc(T * H * 4, "dx");
-  grad_->dh = alloc(T * H * 4, "dh");
-  grad_->datt = alloc(T * nh * d * 4, "datt");
-  grad_->dq = alloc(T * nh * d * 4, "dq");
-  grad_->dk = alloc(T * nkv * d * 4, "dk");
-  grad_->dv = alloc(T * nkv * d * 4, "dv");
-  if (c_.qk_norm) {
-    grad_->dq_raw = alloc(T * nh * d * 4, "dq_raw");
-    grad_->dk_raw = alloc(T * nkv * d * 4, "dk_raw");
-  }
-  grad_->dg = alloc(T * I * 4, "dgate");
-  grad_->du = alloc(T * I * 4, "dup");
-  grad_->dact = alloc(T * I * 4, "dswiglu");
-  grad_->dt = alloc(T * lora_width_ * 4, "lora dt");
+  for (const BlockTensor& t : block)
+    if (t.role == BlockRole::gradient) (*grad_).*field_of(grad_fields, t.name) = alloc(T * t.per_token * 4, t.name);
   final_h_ = alloc(T * H * 4, "final norm");
   final_rstd_ = alloc(T * 4, "final rstd");
   if (lora_.settings().dropout > 0) {

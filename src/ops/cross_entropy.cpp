@@ -27,6 +27,17 @@ void check_buffer(const char* name, const gpu::Buffer& b, uint64_t bytes) {
 }
 
 
+// Row block: the logits chunk, and the x rows that ce_to_f16 binds, stay under the binding
+// limit (and the logits under kMaxLogitsBytes); one workgroup per row in ce_stats.
+uint32_t rows_per_block(uint64_t tokens, uint64_t hidden, uint32_t vc, uint64_t max_binding) {
+  const uint64_t cap = std::min<uint64_t>(max_binding, kMaxLogitsBytes);
+  const uint64_t row_bytes = std::max<uint64_t>(vc, hidden) * 4;
+  if (row_bytes > cap)
+    throw std::invalid_argument("lm_head_cross_entropy: one row of " + std::to_string(row_bytes) +
+                                " bytes exceeds the binding limit; lower vocab_chunk");
+  return static_cast<uint32_t>(std::min<uint64_t>({tokens, cap / row_bytes, 65535}));
+}
+
 uint32_t grid(uint64_t n) {
   return static_cast<uint32_t>(std::clamp<uint64_t>((n + kThreads - 1) / kThreads, 1, kMaxGroups));
 }
@@ -48,15 +59,8 @@ void lm_head_cross_entropy(gpu::Context& ctx, const gpu::Buffer& x, const gpu::B
 
   const bool f16 = w_dtype == DType::f16;
   const uint32_t vc = std::min(options.vocab_chunk, vocab);
-  // Row block: the logits chunk, and the x rows that ce_to_f16 binds, stay under the binding
-  // limit (and the logits under kMaxLogitsBytes); one workgroup per row in ce_stats.
   const uint64_t slack = std::max<uint64_t>(256, ctx.info().min_storage_offset_alignment);
-  const uint64_t cap = std::min<uint64_t>(ctx.info().max_storage_buffer_range - slack, kMaxLogitsBytes);
-  const uint64_t row_bytes = std::max<uint64_t>(vc, H) * 4;
-  if (row_bytes > cap)
-    throw std::invalid_argument("lm_head_cross_entropy: one row of " + std::to_string(row_bytes) +
-                                " bytes exceeds the binding limit; lower vocab_chunk");
-  const uint32_t tb = static_cast<uint32_t>(std::min<uint64_t>({T, cap / row_bytes, 65535}));
+  const uint32_t tb = rows_per_block(tokens, hidden, vc, ctx.info().max_storage_buffer_range - slack);
 
   gpu::Buffer logits = ctx.alloc(uint64_t(tb) * vc * 4, "cross-entropy logits chunk");  // [Tb, Vc]
   gpu::Buffer stats = ctx.alloc(uint64_t(tb) * 4 * 4, "cross-entropy row statistics");  // m, s, tl, lse [Tb]
@@ -141,6 +145,26 @@ void lm_head_cross_entropy(gpu::Context& ctx, const gpu::Buffer& x, const gpu::B
     ctx.free(x_h);
     if (options.need_grad) ctx.free(dlogits_h);
   }
+}
+
+uint64_t lm_head_cross_entropy_scratch_bytes(uint32_t tokens, uint32_t hidden, uint32_t vocab, bool f16_weights,
+                                             uint64_t max_binding_bytes, const CrossEntropyOptions& options) {
+  if (tokens == 0 || hidden == 0 || vocab == 0 || options.vocab_chunk == 0) return 0;
+  const uint32_t vc = std::min(options.vocab_chunk, vocab);
+  const uint64_t tb = rows_per_block(tokens, hidden, vc, max_binding_bytes), H = hidden;
+  uint64_t bytes = tb * vc * 4 + tb * 16;
+  if (f16_weights) bytes += tb * H * 2 + (options.need_grad ? tb * vc * 2 : 0);
+  if (options.need_grad) {
+    // dx rows += dlogits W chunk: [tb, vc] x [vc, H], split along K where the GEMM does so.
+    GemmShape s;
+    s.m = static_cast<uint32_t>(tb), s.n = hidden, s.k = vc;
+    const uint32_t slices = gemm_split_k_slices(s);
+    if (slices > 1) {
+      const uint64_t step = ((vc + slices - 1) / slices + 15) / 16 * 16;
+      bytes += (vc + step - 1) / step * tb * H * 4;
+    }
+  }
+  return bytes;
 }
 
 }  // namespace forja::ops

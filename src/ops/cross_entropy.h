@@ -38,4 +38,11 @@ void lm_head_cross_entropy(gpu::Context& ctx, const gpu::Buffer& x, const gpu::B
                            const gpu::Buffer& targets, uint32_t tokens, uint32_t hidden, uint32_t vocab, float inv_n,
                            const gpu::Buffer& loss_sum, const gpu::Buffer& dx, const CrossEntropyOptions& options = {});
 
+// The scratch lm_head_cross_entropy holds at once for these sizes (logits block, row statistics,
+// fp16 copies with fp16 weights, and the split-K partial products of its dx product), on a
+// device whose largest binding is `max_binding_bytes` (UINT64_MAX: the op's own cap only): for
+// the memory plan (model/memory_plan.h). Alignment rounding is not counted.
+uint64_t lm_head_cross_entropy_scratch_bytes(uint32_t tokens, uint32_t hidden, uint32_t vocab, bool f16_weights,
+                                             uint64_t max_binding_bytes, const CrossEntropyOptions& options = {});
+
 }  // namespace forja::ops

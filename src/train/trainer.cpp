@@ -289,7 +289,6 @@ void Run::load() {
   ts.lora_rank = c_.lora_rank;
   ts.double_quant = c_.double_quant;
   ts.checkpointing = c_.checkpointing();
-  ts.activation_bytes = 4;  // the engine keeps fp32 activations in both precisions
   ts.lora_dropout = c_.lora_dropout;
   ts.dense_weight_bytes = precision == model::Precision::mixed ? 2 : 4;
   ts.nf4 = c_.quant == model::BaseQuant::nf4;

@@ -31,6 +31,25 @@ class BenchCli : public ::testing::Test {
   }
 };
 
+// The memory plan (model/memory_plan.h: what `forja inspect` prints) against what the engine
+// really allocated (the arena's peak) in every precision, with and without checkpointing, at
+// shapes where different parts dominate: within 3% (issue 18). On the H100 the same plan is
+// within 0.1% of the arena at Qwen3-4B 1x2048, 4x512 and 8x2048 (docs/benchmarks.md).
+TEST_F(BenchCli, MemoryPlanMatchesTheArenaPeak) {
+  for (const char* precision : {"fp32", "mixed"})
+    for (const char* ckpt : {"on", "off"})
+      for (const char* shape : {"--batch 2 --seq-len 64", "--batch 1 --seq-len 200"}) {
+        SCOPED_TRACE(std::string(precision) + " checkpointing " + ckpt + " " + shape);
+        auto [rc, out] = run(std::string("bench --shape tiny ") + shape + " --steps 1 --warmup 1 --peak-tflops 1 " +
+                                 "--json --precision " + precision + " --grad-checkpointing " + ckpt,
+                             false);
+        ASSERT_EQ(rc, 0) << out;
+        const nlohmann::json j = nlohmann::json::parse(out);
+        const double plan = j.at("plan_gib").get<double>(), peak = j.at("peak_gib").get<double>();
+        EXPECT_NEAR(plan / peak, 1.0, 0.03) << "plan " << plan << " GiB, arena peak " << peak << " GiB";
+      }
+}
+
 TEST_F(BenchCli, TinyShapeJsonLine) {
   auto [rc, out] = run("bench --shape tiny --batch 2 --seq-len 24 --steps 2 --warmup 1 --peak-tflops 1 --json",
                        false);
