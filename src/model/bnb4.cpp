@@ -76,11 +76,16 @@ QuantState read_quant_state(const io::SafetensorsCheckpoint& ck, const std::stri
     throw bad("does not say \"quant_type\": \"nf4\"");
   QuantState q;
   q.blocksize = integer("blocksize");
-  if (!j.contains("shape") || !j["shape"].is_array()) throw bad("has no \"shape\" list");
+  if (!j.contains("shape") || !j["shape"].is_array() || j["shape"].empty()) throw bad("has no \"shape\" list");
+  // A weight has at least one element and fewer than 2^48 (the fuzz target found [0, 64]).
+  std::int64_t numel = 1;
   for (const json& d : j["shape"]) {
-    if (!d.is_number_integer() || d.get<std::int64_t>() < 0)
-      throw bad("has a \"shape\" entry that is not a non-negative integer");
-    q.shape.push_back(d.get<std::int64_t>());
+    if (!d.is_number_integer() || d.get<std::int64_t>() < 1)
+      throw bad("has a \"shape\" entry that is not a positive integer");
+    const std::int64_t n = d.get<std::int64_t>();
+    if (n > (std::int64_t(1) << 48) / numel) throw bad("has a \"shape\" of more elements than any weight");
+    numel *= n;
+    q.shape.push_back(n);
   }
   q.nested = ck.find(weight + ".nested_absmax") != nullptr;
   if (q.nested) {

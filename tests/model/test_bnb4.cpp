@@ -218,6 +218,36 @@ TEST(Bnb4, RefusesFp4EightBitAndDamagedCheckpointsWithTheFix) {
   EXPECT_NE(out.find("bitsandbytes"), std::string::npos) << out;
 }
 
+// A quant state whose shape has no elements or more than any weight is a damaged file (the
+// bnb4 fuzz target found "shape": [0, 64], which an internal check then tripped over).
+TEST(Bnb4, QuantStateShapesWithoutElementsOrTooManyAreRefused) {
+  const fs::path st = test::scratch_dir() / "t.safetensors";
+  const std::vector<std::byte> codes(2048, std::byte{0x77});
+  std::vector<io::TensorToWrite> tensors;
+  std::vector<std::string> states;
+  const char* shapes[] = {"[0, 64]", "[64, 0]", "[]", "[-4, 64]", "[281474976710656, 4096]"};
+  for (const char* shape : shapes)
+    states.push_back(std::string(R"({"quant_type": "nf4", "blocksize": 64, "dtype": "bfloat16", "shape": )") + shape +
+                     "}");
+  for (size_t i = 0; i < states.size(); ++i) {
+    const std::string w = "w" + std::to_string(i) + ".weight";
+    tensors.push_back({w, io::Dtype::U8, {2048, 1}, codes, {}});
+    tensors.push_back({w + ".quant_state.bitsandbytes__nf4", io::Dtype::U8, {std::int64_t(states[i].size())},
+                       std::as_bytes(std::span(states[i].data(), states[i].size())), {}});
+  }
+  io::write_safetensors(st, tensors);
+  const auto ck = io::SafetensorsCheckpoint::open(st);
+  for (size_t i = 0; i < states.size(); ++i) {
+    SCOPED_TRACE(shapes[i]);
+    const std::string w = "w" + std::to_string(i) + ".weight";
+    ASSERT_TRUE(is_bnb4_weight(ck, w));
+    const std::string msg = user_error([&] { bnb4_weight_shape(ck, w); });
+    EXPECT_NE(msg.find("t.safetensors"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("\"shape\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find("damaged"), std::string::npos) << msg;
+  }
+}
+
 // step -> loss of a run's metrics.jsonl
 std::map<std::int64_t, double> losses(const fs::path& out) {
   std::map<std::int64_t, double> m;
