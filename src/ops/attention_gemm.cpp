@@ -122,13 +122,17 @@ AccumulatorLayout probe_accumulator_layout(gpu::Context& ctx) {
   return {"the accumulator's elements are not in an order the fused kernel knows (lane 0:" + seen + ")"};
 }
 
-// The probe's answer for this device, probed once (it cannot change while the program runs).
+// The probe's answer for this device and driver, probed once per program (it cannot change
+// while the program runs).
 const AccumulatorLayout& accumulator_layout(gpu::Context& ctx) {
   static std::mutex mutex;
-  static std::map<const gpu::DeviceInfo*, AccumulatorLayout> layouts;
+  static std::map<std::string, AccumulatorLayout> layouts;
+  const gpu::DeviceInfo& info = ctx.info();
+  const std::string key = std::to_string(info.vendor_id) + "/" + info.name + "/" + info.driver_name + "/" +
+                          info.driver_info;
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = layouts.find(&ctx.info());
-  if (it == layouts.end()) it = layouts.emplace(&ctx.info(), probe_accumulator_layout(ctx)).first;
+  auto it = layouts.find(key);
+  if (it == layouts.end()) it = layouts.emplace(key, probe_accumulator_layout(ctx)).first;
   return it->second;
 }
 
