@@ -2,9 +2,10 @@
 // alone, at one shape (default: one sequence of 2048 tokens, 32 query heads, 8 kv heads, head_dim
 // 128, the issue-14 shape): flash (ops/flash_attention.h, on cooperative matrices where present),
 // fused (ops/attention_gemm.h with its fused forward kernel, where the device runs it), gemm (the
-// same with the forward through the GEMM kernels too) and tiled (ops/attention.h, fp32). Wall clock over back-to-back
-// calls after a warm-up, best of several repetitions; TFLOP/s count the causal half of the
-// products as FlashAttention-2 does: forward 2, backward 5 products of 2 B nh (S(S+1)/2) d.
+// same with the forward through the GEMM kernels too) and tiled (ops/attention.h, fp32). Wall
+// clock over back-to-back calls after a warm-up, best of several repetitions; TFLOP/s count the
+// causal half of the products as FlashAttention-2 does: forward 2, backward 5 products of
+// 2 B nh (S(S+1)/2) d.
 //
 // Checks, so that a fast wrong kernel cannot report a number: sampled forward rows against a
 // CPU double-precision computation, and every output (out, lse, dq, dk, dv) of each

@@ -86,8 +86,9 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
   const std::uint64_t saved = static_cast<std::uint64_t>(saved_activation_elements_per_token(c, s));
   const std::uint64_t stream = (layers + 1) * tokens * H * 4;
   const std::uint64_t kept = (s.checkpointing ? 1 : layers) * tokens * saved * 4;
-  const std::uint64_t final_norm = tokens * (H + 1) * 4 + 4 * tokens * 4;
-  plan.parts.push_back({"saved activations", stream + kept + final_norm,
+  const std::uint64_t final_norm = tokens * (H + 1) * 4;  // normed rows and their rstd
+  const std::uint64_t token_arrays = 4 * tokens * 4;       // ids, targets, positions, segments (int32)
+  plan.parts.push_back({"saved activations", stream + kept + final_norm + token_arrays,
                         s.checkpointing ? "checkpointing on: layer inputs + one layer recomputed"
                                         : "checkpointing off: every layer"});
   const std::uint64_t gradients =
