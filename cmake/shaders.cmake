@@ -3,7 +3,9 @@
 # A .comp file names its variants in lines of the form
 #   //! variant NAME [-DDEFINE[=VALUE] ...] [requires=nv_coopmat|khr_coopmat|nv_coopmat2]
 # (none: one variant named after the file). Each variant is compiled, checked with spirv-val (a
-# shader error fails the build) and embedded as forja::kernels::spirv("NAME").
+# shader error fails the build) and embedded (kernels/spirv.h); cmake/kernel_table.cpp reads the
+# interface of each from its SPIR-V into the generated kernels/kernel_table.h, where the C++ side
+# finds the variant as forja::kernels::NAME (kernels/kernel.h).
 #
 # Two compilers: Debian's glslc (SPIR-V for Vulkan 1.2) for everything it knows, and a glslang
 # >= 15 built from Debian's source by scripts/shader_tools (SPIR-V for Vulkan 1.3, validated by
@@ -127,6 +129,7 @@ function(forja_embed_shaders target kernel_dir)
   file(MAKE_DIRECTORY ${spv_dir})
   set(all_spv "")
   set(all_names "")
+  set(table_args "")  # NAME=SPV for each built variant, NAME= for each left out
   foreach(src ${sources})
     get_filename_component(stem ${src} NAME_WE)
     file(STRINGS ${src} lines REGEX "^//! variant ")
@@ -159,11 +162,13 @@ function(forja_embed_shaders target kernel_dir)
           list(APPEND defines ${item})
         endif()
       endforeach()
-      if(skip)
-        continue()
-      endif()
       if(name IN_LIST all_names)
         message(FATAL_ERROR "shader variant ${name} is declared twice (${src})")
+      endif()
+      list(APPEND all_names ${name})
+      if(skip)
+        list(APPEND table_args "${name}=")
+        continue()
       endif()
       set(spv ${spv_dir}/${name}.spv)
       if(new_compiler)
@@ -189,18 +194,28 @@ function(forja_embed_shaders target kernel_dir)
           VERBATIM)
       endif()
       list(APPEND all_spv ${spv})
-      list(APPEND all_names ${name})
+      list(APPEND table_args "${name}=${spv}")
     endforeach()
   endforeach()
-  set(embedded ${CMAKE_BINARY_DIR}/generated/spirv_embedded.cpp)
+  # The build tool that embeds the SPIR-V and writes the kernel table (it reads each module's
+  # interface with the program's own reader, gpu/spirv_interface.cpp).
+  add_executable(forja_kernel_table ${CMAKE_SOURCE_DIR}/cmake/kernel_table.cpp
+                 ${CMAKE_SOURCE_DIR}/src/gpu/spirv_interface.cpp)
+  target_include_directories(forja_kernel_table PRIVATE ${CMAKE_SOURCE_DIR}/src)
+  target_compile_options(forja_kernel_table PRIVATE ${FORJA_WARNINGS})
+  set(generated ${CMAKE_BINARY_DIR}/generated)
+  file(MAKE_DIRECTORY ${generated}/kernels)
+  set(embedded ${generated}/spirv_embedded.cpp)
+  set(table ${generated}/kernels/kernel_table.h)
   add_custom_command(
     OUTPUT ${embedded}
-    COMMAND ${CMAKE_COMMAND} -DOUT=${embedded} "-DNAMES=${all_names}" -DSPV_DIR=${spv_dir}
-            -P ${CMAKE_SOURCE_DIR}/cmake/embed_spirv.cmake
-    DEPENDS ${all_spv} ${CMAKE_SOURCE_DIR}/cmake/embed_spirv.cmake
-    COMMENT "embedding ${CMAKE_MATCH_COUNT} SPIR-V kernels"
+    BYPRODUCTS ${table}
+    COMMAND forja_kernel_table ${embedded} ${table} ${table_args}
+    DEPENDS ${all_spv} forja_kernel_table
+    COMMENT "embedding the SPIR-V kernels and writing kernels/kernel_table.h"
     VERBATIM)
-  target_sources(${target} PRIVATE ${embedded})
+  target_sources(${target} PRIVATE ${embedded} ${table})
+  target_include_directories(${target} PUBLIC ${generated})
   if(FORJA_HAVE_NV_COOPMAT)
     target_compile_definitions(${target} PUBLIC FORJA_HAVE_NV_COOPMAT=1)
   endif()

@@ -2,7 +2,6 @@
 
 #include <stdexcept>
 
-#include "gpu/spirv_interface.h"
 #include "gpu/vk_check.h"
 #include "kernels/spirv.h"
 
@@ -19,8 +18,6 @@ PipelineCache::~PipelineCache() {
   for (auto& [name, m] : modules_) vkDestroyShaderModule(dev, m, nullptr);
   for (auto& [n, l] : set_layouts_) vkDestroyDescriptorSetLayout(dev, l, nullptr);
 }
-
-bool PipelineCache::available(const std::string& variant) { return kernels::find_spirv(variant) != nullptr; }
 
 VkDescriptorSetLayout PipelineCache::set_layout(uint32_t bindings) {
   auto it = set_layouts_.find(bindings);
@@ -42,29 +39,19 @@ VkDescriptorSetLayout PipelineCache::set_layout(uint32_t bindings) {
   return layout;
 }
 
-const Pipeline& PipelineCache::get(const std::string& variant, uint32_t bindings, uint32_t push_bytes,
-                                   const std::vector<uint32_t>& spec, uint32_t subgroup_size) {
+const Pipeline& PipelineCache::get(const kernels::Kernel& kernel, const std::vector<uint32_t>& spec,
+                                   uint32_t subgroup_size) {
   std::lock_guard<std::mutex> lock(mutex_);
+  const std::string variant = kernel.name;
   std::string key = variant;
   for (uint32_t s : spec) key += "," + std::to_string(s);
   if (subgroup_size) key += ";sg" + std::to_string(subgroup_size);
   auto it = pipelines_.find(key);
-  if (it != pipelines_.end()) {
-    if (it->second->bindings != bindings || it->second->push_bytes != push_bytes)
-      throw std::logic_error("kernel " + variant + ": asked for with " + std::to_string(bindings) + " bindings and " +
-                             std::to_string(push_bytes) + " push-constant bytes, and elsewhere with " +
-                             std::to_string(it->second->bindings) + " and " + std::to_string(it->second->push_bytes));
-    return *it->second;
-  }
+  if (it != pipelines_.end()) return *it->second;
 
-  const kernels::Spirv* spv = kernels::find_spirv(variant);
+  const kernels::Spirv* spv = kernel.built ? kernels::find_spirv(variant) : nullptr;
   if (!spv) throw std::runtime_error("kernel variant '" + variant + "' is not built into this forja binary");
-  // The caller's view of the interface must be the shader's (spirv_interface.h).
-  const SpirvInterface iface = spirv_interface(spv->words, spv->word_count, "kernel " + variant);
-  if (iface.bindings > bindings || iface.push_bytes != push_bytes)
-    throw std::logic_error("kernel " + variant + ": the caller binds " + std::to_string(bindings) + " buffers and pushes " +
-                           std::to_string(push_bytes) + " bytes; the shader uses " + std::to_string(iface.bindings) +
-                           " bindings and a " + std::to_string(iface.push_bytes) + "-byte push-constant block");
+  const uint32_t bindings = kernel.bindings, push_bytes = kernel.push_bytes;
   VkShaderModule module;
   auto mit = modules_.find(variant);
   if (mit != modules_.end()) {

@@ -1,6 +1,7 @@
 // Compute pipelines from the embedded SPIR-V (src/kernels, cmake/shaders.cmake), created once
 // per (variant, specialization constants) and cached. Every kernel binds its buffers as storage
-// buffers 0..n-1 of set 0 through push descriptors, and takes one push-constant block.
+// buffers 0..n-1 of set 0 through push descriptors, and takes one push-constant block; both
+// counts come from the kernel table (kernels/kernel.h), read from the shader's own SPIR-V.
 #pragma once
 #include <vulkan/vulkan.h>
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "gpu/device.h"
+#include "kernels/kernel.h"
 
 namespace forja::gpu {
 
@@ -30,13 +32,12 @@ class PipelineCache {
   PipelineCache(const PipelineCache&) = delete;
   PipelineCache& operator=(const PipelineCache&) = delete;
 
-  // The pipeline of `variant` with specialization constants 0..n-1 = `spec`. Throws when the
+  // The pipeline of `kernel` with specialization constants 0..n-1 = `spec`. Throws when the
   // variant was not built into this binary. `subgroup_size` > 0 requires that subgroup size
   // (and full subgroups) where the device lets the application choose (subgroup size control):
   // kernels whose cooperative matrices assume it pass the size they were specialised for.
-  const Pipeline& get(const std::string& variant, uint32_t bindings, uint32_t push_bytes,
-                      const std::vector<uint32_t>& spec = {}, uint32_t subgroup_size = 0);
-  static bool available(const std::string& variant);
+  const Pipeline& get(const kernels::Kernel& kernel, const std::vector<uint32_t>& spec = {},
+                      uint32_t subgroup_size = 0);
 
  private:
   VkDescriptorSetLayout set_layout(uint32_t bindings);

@@ -6,6 +6,8 @@
 #include <string>
 #include <utility>
 
+#include "kernels/kernel_table.h"
+
 namespace forja::ops {
 
 namespace {
@@ -21,6 +23,8 @@ struct AdamwPush {
   float max_grad_norm;
   float grad_scale;
 };
+static_assert(kernels::push_block_matches<AdamwPush>(kernels::adamw),
+              "AdamwPush differs from kernels/adamw.comp's push-constant block");
 
 constexpr uint32_t kThreads = 256;
 constexpr uint32_t kMaxGroups = 4096;  // the kernel's grid-stride loop covers the rest
@@ -54,7 +58,7 @@ void adamw_step(gpu::Context& ctx, const gpu::Buffer& param, const gpu::Buffer& 
   push.max_grad_norm = p.max_grad_norm;
   push.grad_scale = p.grad_scale;
 
-  const auto& pipe = ctx.pipelines().get("adamw", 5, sizeof(AdamwPush));
+  const auto& pipe = ctx.pipelines().get(kernels::adamw);
   // Chunks that fit one binding and start at aligned offsets.
   const uint64_t align = std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
   const uint64_t chunk = std::min<uint64_t>(ctx.info().max_storage_buffer_range, 1ull << 31) / align * align / 4;

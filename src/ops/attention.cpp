@@ -1,10 +1,12 @@
 #include "ops/attention.h"
-#include "ops/attention_common.h"
-#include "ops/chunking.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+
+#include "kernels/kernel_table.h"
+#include "ops/attention_common.h"
+#include "ops/chunking.h"
 
 namespace forja::ops {
 
@@ -16,6 +18,8 @@ struct AttnPush {
   float scale;
   uint32_t off[9];  // element offsets, in binding order
 };
+static_assert(kernels::push_block_matches<AttnPush>(kernels::attn_fwd, kernels::attn_bwd_dq, kernels::attn_bwd_dkdv),
+              "AttnPush differs from kernels/attention.comp's push-constant block");
 
 constexpr uint32_t kMaxHeadDim = 128;  // DMAX in the kernels
 constexpr uint32_t kQueryTile = 16;    // BQ of attn_fwd and attn_bwd_dq
@@ -41,7 +45,7 @@ void attention_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffe
   if (batch == 0 || seq == 0) return;
   check_attention_operands(op, m, q, k, v, segments, out, lse);
 
-  const auto& p = ctx.pipelines().get("attn_fwd", 6, sizeof(AttnPush));
+  const auto& p = ctx.pipelines().get(kernels::attn_fwd);
   const uint32_t per = sequences_per_dispatch(ctx, op, m);
   for (uint32_t b0 = 0; b0 < batch; b0 += per) {
     const uint32_t nb = std::min(per, batch - b0);
@@ -75,8 +79,8 @@ void attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buff
 
   // D_i = dout_i . out_i per (sequence, head, query), written by attn_bwd_dq, read by attn_bwd_dkdv.
   gpu::Buffer drow = ctx.alloc(m.stat_seq() * batch * 4, "attention D");
-  const auto& pdq = ctx.pipelines().get("attn_bwd_dq", 9, sizeof(AttnPush));
-  const auto& pkv = ctx.pipelines().get("attn_bwd_dkdv", 9, sizeof(AttnPush));
+  const auto& pdq = ctx.pipelines().get(kernels::attn_bwd_dq);
+  const auto& pkv = ctx.pipelines().get(kernels::attn_bwd_dkdv);
   const uint32_t per = sequences_per_dispatch(ctx, op, m);
   // FLOPs: dq recomputes QK^T and dP (2 products) and forms dS k; dkdv recomputes both again and
   // forms P^T dout and dS^T q: 7 causal-half products in all.

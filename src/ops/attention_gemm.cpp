@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/kernel_table.h"
 #include "ops/attention_common.h"
 #include "ops/chunking.h"
 #include "ops/elementwise.h"
@@ -21,12 +22,16 @@ struct PackPush {
   uint32_t src_off, dst_off;
   uint32_t count;
 };
+static_assert(kernels::push_block_matches<PackPush>(kernels::attn_gemm_pack, kernels::attn_gemm_sum_heads),
+              "PackPush differs from kernels/attention_gemm.comp's push-constant block");
 struct RowPush {
   uint32_t c0, keys, ldp, rows;
   uint32_t seq, n_heads, head_dim;
   float scale;
   uint32_t seg_off, lse_off, out_off, dout_off;
 };
+static_assert(kernels::push_block_matches<RowPush>(kernels::attn_gemm_softmax, kernels::attn_gemm_softmax_bwd),
+              "RowPush differs from kernels/attention_gemm.comp's push-constant block");
 
 constexpr uint32_t kThreads = 128;  // local_size_x of the kernels
 constexpr uint32_t kMaxGroups = 65535;
@@ -58,7 +63,7 @@ void pack(gpu::Context& ctx, const gpu::Buffer& src, uint32_t b, uint32_t n_src,
   const Bound bd = bind_elements(ctx, dst, 0, (halves + 1) / 2);
   const uint32_t pairs = static_cast<uint32_t>((halves + 1) / 2);
   const PackPush push{m.seq, n_src, rep, m.d, bs.offset, 2 * bd.offset, pairs};
-  ctx.dispatch(ctx.pipelines().get("attn_gemm_pack", 2, sizeof(PackPush)),
+  ctx.dispatch(ctx.pipelines().get(kernels::attn_gemm_pack),
                {{bs.buffer, gpu::Access::read}, {bd.buffer, gpu::Access::write}}, push, grid(pairs), 1, 1,
                "attention_gemm_pack");
 }
@@ -69,7 +74,7 @@ void sum_heads(gpu::Context& ctx, const gpu::Buffer& src, uint32_t b, const Dims
   const Bound bd = bind_elements(ctx, dst, b * m.kv_seq(), m.kv_seq());
   const uint32_t count = static_cast<uint32_t>(m.kv_seq());
   const PackPush push{m.seq, m.nkv, m.rep(), m.d, bs.offset, bd.offset, count};
-  ctx.dispatch(ctx.pipelines().get("attn_gemm_sum_heads", 2, sizeof(PackPush)),
+  ctx.dispatch(ctx.pipelines().get(kernels::attn_gemm_sum_heads),
                {{bs.buffer, gpu::Access::read}, {bd.buffer, gpu::Access::write}}, push, grid(count), 1, 1,
                "attention_gemm_sum_heads");
 }
@@ -85,6 +90,8 @@ struct FusedPush {
   float scale;
   uint32_t q_off, k_off, v_off, seg_off, out_off, lse_off;
 };
+static_assert(kernels::push_block_matches<FusedPush>(kernels::flash_fwd_khr),
+              "FusedPush differs from kernels/flash_forward_khr.comp's push-constant block");
 // 8 subgroups (128 query rows) and 64-key tiles: 110 TFLOP/s on an H100 against 102 for 4
 // subgroups, 83 for 32-key tiles (docs/benchmarks.md, 2026-12-05).
 constexpr uint32_t kFusedWarps = 8, kFusedKeys = 64;
@@ -101,7 +108,7 @@ struct AccumulatorLayout {
 // coopmat_layout_probe's answer checked against both orders ({row, col} shifts {2, 1} and {1, 2}).
 AccumulatorLayout probe_accumulator_layout(gpu::Context& ctx) {
   gpu::Buffer out = ctx.alloc(257 * 4, "accumulator layout probe");
-  ctx.dispatch(ctx.pipelines().get("coopmat_layout_probe", 1, 0), {{out, gpu::Access::write}}, nullptr, 0, 1, 1, 1,
+  ctx.dispatch(ctx.pipelines().get(kernels::coopmat_layout_probe), {{out, gpu::Access::write}}, nullptr, 0, 1, 1, 1,
                "coopmat_layout_probe");
   const std::vector<float> v = ctx.download<float>(out, 257);
   ctx.free(out);
@@ -142,8 +149,7 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
                    const gpu::Buffer& v, const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
                    float scale) {
   const AccumulatorLayout& layout = accumulator_layout(ctx);
-  const auto& p = ctx.pipelines().get("flash_fwd_khr", 6, sizeof(FusedPush),
-                                      {kFusedWarps * 32, kFusedWarps, kFusedKeys, m.d, layout.row_shift,
+  const auto& p = ctx.pipelines().get(kernels::flash_fwd_khr, {kFusedWarps * 32, kFusedWarps, kFusedKeys, m.d, layout.row_shift,
                                        layout.col_shift});
   const uint32_t rows_per_group = kFusedWarps * 16;
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_forward", m);
@@ -224,7 +230,7 @@ std::string attention_fused_forward_unsupported(gpu::Context& ctx, uint32_t head
     return "head_dim " + std::to_string(head_dim) + " is not a multiple of 16 up to 128";
   if (gpu::env_flag("FORJA_NO_COOPMAT")) return "FORJA_NO_COOPMAT is set";
   if (gpu::env_flag("FORJA_NO_FUSED_ATTENTION")) return "FORJA_NO_FUSED_ATTENTION is set";
-  if (!gpu::PipelineCache::available("flash_fwd_khr") || !gpu::PipelineCache::available("coopmat_layout_probe"))
+  if (!kernels::flash_fwd_khr.built || !kernels::coopmat_layout_probe.built)
     return "this build has no KHR / NV cooperative-matrix-2 kernels (a glslang >= 15 is needed)";
   if (!info.nv_coopmat2) return "the device has no NV cooperative matrix 2 (conversions between uses)";
   if (info.subgroup_size != 32) return "the subgroup size is " + std::to_string(info.subgroup_size) + ", not 32";
@@ -255,7 +261,7 @@ void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::
   gpu::Buffer v16 = alloc_f16(ctx, m.q_seq(), "attention v fp16");
   gpu::Buffer scores = ctx.alloc(chunk_elems * 4, "attention scores");
   gpu::Buffer p16 = alloc_f16(ctx, chunk_elems, "attention P");
-  const auto& softmax = ctx.pipelines().get("attn_gemm_softmax", 4, sizeof(RowPush));
+  const auto& softmax = ctx.pipelines().get(kernels::attn_gemm_softmax);
   for (uint32_t b = 0; b < batch; ++b) {
     pack(ctx, q, b, n_heads, 1, m, q16);
     pack(ctx, k, b, n_kv_heads, m.rep(), m, k16);
@@ -311,7 +317,7 @@ void attention_gemm_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu:
   gpu::Buffer dp = ctx.alloc(chunk_elems * 4, "attention dP");
   gpu::Buffer p16 = alloc_f16(ctx, chunk_elems, "attention P");
   gpu::Buffer ds16 = alloc_f16(ctx, chunk_elems, "attention dS");
-  const auto& softmax_bwd = ctx.pipelines().get("attn_gemm_softmax_bwd", 8, sizeof(RowPush));
+  const auto& softmax_bwd = ctx.pipelines().get(kernels::attn_gemm_softmax_bwd);
   const uint32_t qld = n_heads * head_dim;
   const uint64_t sd = uint64_t(seq) * head_dim;  // batch stride of the [nh, S, d] copies
   for (uint32_t b = 0; b < batch; ++b) {

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/kernel_table.h"
 #include "ops/chunking.h"
 
 namespace forja::ops {
@@ -13,6 +14,8 @@ struct CachedAttentionPush {
   uint32_t n_heads, n_kv_heads, head_dim, first_pos;
   float scale;
 };
+static_assert(kernels::push_block_matches<CachedAttentionPush>(kernels::cached_attention),
+              "CachedAttentionPush differs from kernels/cached_attention.comp's push-constant block");
 }  // namespace
 
 void cached_attention(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k_cache, const gpu::Buffer& v_cache,
@@ -37,7 +40,7 @@ void cached_attention(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer
   auto prefix = [](const gpu::Buffer& b, uint64_t bytes) {
     return b.slice(0, std::min(b.size, (bytes + 15) / 16 * 16));
   };
-  const auto& p = ctx.pipelines().get("cached_attention", 4, sizeof(CachedAttentionPush));
+  const auto& p = ctx.pipelines().get(kernels::cached_attention);
   const CachedAttentionPush push{n_heads, n_kv_heads, head_dim, first_pos, scale};
   const double keys = double(first_pos) * queries + double(queries) * (queries + 1) / 2;
   ctx.dispatch(p,

@@ -1,9 +1,11 @@
 #include "ops/cross_entropy.h"
-#include "ops/chunking.h"
 
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+
+#include "kernels/kernel_table.h"
+#include "ops/chunking.h"
 
 namespace forja::ops {
 
@@ -13,6 +15,8 @@ namespace {
 struct CePush {
   uint32_t rows, cols, v0, first, tgt_off, tb, vocab, n, x_off;
 };
+static_assert(kernels::push_block_matches<CePush>(kernels::ce_stats, kernels::ce_loss, kernels::ce_grad, kernels::ce_grad_f16, kernels::ce_to_f16),
+              "CePush differs from kernels/cross_entropy.comp's push-constant block");
 
 constexpr uint32_t kThreads = 256;
 constexpr uint32_t kMaxGroups = 4096;  // grid-stride loops cover the rest
@@ -25,7 +29,6 @@ void check_buffer(const char* name, const gpu::Buffer& b, uint64_t bytes) {
     throw std::invalid_argument(std::string("lm_head_cross_entropy: buffer '") + name + "' has " +
                                 std::to_string(b.size) + " bytes, the shape needs " + std::to_string(bytes));
 }
-
 
 // Row block: the logits chunk, and the x rows that ce_to_f16 binds, stay under the binding
 // limit (and the logits under kMaxLogitsBytes); one workgroup per row in ce_stats.
@@ -69,8 +72,8 @@ void lm_head_cross_entropy(gpu::Context& ctx, const gpu::Buffer& x, const gpu::B
     x_h = ctx.alloc((uint64_t(tb) * H * 2 + 3) / 4 * 4, "cross-entropy x fp16");
     if (options.need_grad) dlogits_h = ctx.alloc((uint64_t(tb) * vc * 2 + 3) / 4 * 4, "cross-entropy dlogits fp16");
   }
-  const auto& p_stats = ctx.pipelines().get("ce_stats", 3, sizeof(CePush));
-  const auto& p_loss = ctx.pipelines().get("ce_loss", 3, sizeof(CePush));
+  const auto& p_stats = ctx.pipelines().get(kernels::ce_stats);
+  const auto& p_loss = ctx.pipelines().get(kernels::ce_loss);
 
   for (uint64_t r0 = 0; r0 < T; r0 += tb) {
     const uint32_t rows = static_cast<uint32_t>(std::min<uint64_t>(tb, T - r0));
@@ -79,7 +82,7 @@ void lm_head_cross_entropy(gpu::Context& ctx, const gpu::Buffer& x, const gpu::B
     if (f16) {
       const Bound bx = bind_elements(ctx, x, r0 * H, rows * H);
       const uint32_t n = static_cast<uint32_t>(rows * H);
-      const auto& p = ctx.pipelines().get("ce_to_f16", 2, sizeof(CePush));
+      const auto& p = ctx.pipelines().get(kernels::ce_to_f16);
       ctx.dispatch(p, {{bx.buffer, gpu::Access::read}, {x_h, gpu::Access::write}},
                    CePush{0, 0, 0, 0, 0, 0, 0, n, bx.offset}, grid((n + 1) / 2), 1, 1, "ce_to_f16");
       xa = {x_h, DType::f16, 0, hidden};
@@ -116,7 +119,7 @@ void lm_head_cross_entropy(gpu::Context& ctx, const gpu::Buffer& x, const gpu::B
       const CePush push{rows, vcur, v0, 0, bt.offset, tb, vocab, n, 0};
       MatrixView da{logits, DType::f32, 0, vcur};
       if (f16) {
-        const auto& p = ctx.pipelines().get("ce_grad_f16", 4, sizeof(CePush));
+        const auto& p = ctx.pipelines().get(kernels::ce_grad_f16);
         ctx.dispatch(p,
                      {{lg, gpu::Access::read},
                       {bt.buffer, gpu::Access::read},
@@ -125,7 +128,7 @@ void lm_head_cross_entropy(gpu::Context& ctx, const gpu::Buffer& x, const gpu::B
                      push, grid((n + 1) / 2), 1, 1, "ce_grad");
         da = {dlogits_h, DType::f16, 0, vcur};
       } else {
-        const auto& p = ctx.pipelines().get("ce_grad", 3, sizeof(CePush));
+        const auto& p = ctx.pipelines().get(kernels::ce_grad);
         ctx.dispatch(p, {{lg, gpu::Access::read_write}, {bt.buffer, gpu::Access::read}, {stats, gpu::Access::read}},
                      push, grid(n), 1, 1, "ce_grad");
       }

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/kernel_table.h"
 #include "ops/chunking.h"
 
 namespace forja::ops {
@@ -21,6 +22,8 @@ struct DropoutPush {
   float scale;
   uint32_t accumulate;
 };
+static_assert(kernels::push_block_matches<DropoutPush>(kernels::dropout),
+              "DropoutPush differs from kernels/dropout.comp's push-constant block");
 
 constexpr uint32_t kThreads = 256;
 constexpr uint32_t kMaxGroups = 4096;  // the kernel's grid-stride loop covers the rest
@@ -49,7 +52,7 @@ void dropout_apply(gpu::Context& ctx, const DropoutParams& d, const gpu::Buffer&
   const uint64_t usable = usable_binding_bytes(ctx);
   const uint64_t chunk_rows = std::min<uint64_t>(usable / (uint64_t(cols) * 4), UINT32_MAX);
   if (chunk_rows == 0) throw std::logic_error(std::string(op) + ": one row exceeds the storage-buffer binding limit");
-  const auto& p = ctx.pipelines().get("dropout", 2, sizeof(DropoutPush));
+  const auto& p = ctx.pipelines().get(kernels::dropout);
   for (uint32_t r0 = 0; r0 < rows;) {
     const uint32_t nr = static_cast<uint32_t>(std::min<uint64_t>(chunk_rows, rows - r0));
     const uint64_t len = uint64_t(nr) * cols * 4;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "kernels/kernel_table.h"
 #include "ops/chunking.h"
 
 namespace forja::ops {
@@ -17,6 +18,13 @@ struct EwPush {
 struct ReducePush {
   uint32_t rows, cols, n, slot;
 };
+static_assert(kernels::push_block_matches<EwPush>(kernels::ew_add, kernels::ew_scale, kernels::ew_silu,
+                                                  kernels::ew_silu_bwd, kernels::ew_swiglu, kernels::ew_swiglu_bwd,
+                                                  kernels::ew_to_f16, kernels::ew_to_f16_checked),
+              "EwPush differs from kernels/elementwise.comp's push-constant block");
+static_assert(kernels::push_block_matches<ReducePush>(kernels::row_sum, kernels::row_sumsq, kernels::row_max,
+                                                      kernels::sumsq_partial, kernels::sqrt_sum),
+              "ReducePush differs from kernels/reduce.comp's push-constant block");
 
 constexpr uint32_t kThreads = 256;
 constexpr uint32_t kMaxGroups = 4096;  // grid-stride loops cover the rest
@@ -29,15 +37,15 @@ uint64_t chunk_elements(const gpu::Context& ctx) {
 }
 
 // Runs `variant` over n elements in chunks, each binding sliced to the chunk.
-void run_elementwise(gpu::Context& ctx, const char* variant, const std::vector<gpu::Buffer>& ins,
+void run_elementwise(gpu::Context& ctx, const kernels::Kernel& kernel, const std::vector<gpu::Buffer>& ins,
                      const std::vector<gpu::Buffer>& outs, uint64_t n, float alpha = 0.0f) {
   if (n == 0) return;
+  const char* variant = kernel.name;
   for (const auto& b : ins)
     if (b.size < n * 4) throw std::logic_error(std::string(variant) + ": input buffer smaller than n elements");
   for (const auto& b : outs)
     if (b.size < n * 4) throw std::logic_error(std::string(variant) + ": output buffer smaller than n elements");
-  const uint32_t nb = static_cast<uint32_t>(ins.size() + outs.size());
-  const auto& p = ctx.pipelines().get(variant, nb, sizeof(EwPush));
+  const auto& p = ctx.pipelines().get(kernel);
   const uint64_t chunk = chunk_elements(ctx);
   for (uint64_t start = 0; start < n; start += chunk) {
     const uint64_t len = std::min(chunk, n - start);
@@ -49,14 +57,15 @@ void run_elementwise(gpu::Context& ctx, const char* variant, const std::vector<g
   }
 }
 
-void run_rows(gpu::Context& ctx, const char* variant, const gpu::Buffer& x, const gpu::Buffer& out, uint32_t rows,
-              uint32_t cols) {
+void run_rows(gpu::Context& ctx, const kernels::Kernel& kernel, const gpu::Buffer& x, const gpu::Buffer& out,
+              uint32_t rows, uint32_t cols) {
   if (rows == 0) return;
+  const char* variant = kernel.name;
   if (x.size < uint64_t(rows) * cols * 4 || out.size < uint64_t(rows) * 4)
     throw std::logic_error(std::string(variant) + ": buffer smaller than its shape");
   if (uint64_t(rows) * cols * 4 > ctx.info().max_storage_buffer_range)
     throw std::logic_error(std::string(variant) + ": input exceeds the binding limit; split the rows");
-  const auto& p = ctx.pipelines().get(variant, 2, sizeof(ReducePush));
+  const auto& p = ctx.pipelines().get(kernel);
   const uint32_t gx = std::min<uint32_t>(rows, 65535), gy = (rows + gx - 1) / gx;
   ctx.dispatch(p, {{x.slice(0, uint64_t(rows) * cols * 4), gpu::Access::read}, {out, gpu::Access::write}},
                ReducePush{rows, cols, 0, 0}, gx, gy, 1, variant);
@@ -65,23 +74,23 @@ void run_rows(gpu::Context& ctx, const char* variant, const gpu::Buffer& x, cons
 }  // namespace
 
 void add(gpu::Context& ctx, const gpu::Buffer& a, const gpu::Buffer& b, const gpu::Buffer& y, uint64_t n) {
-  run_elementwise(ctx, "ew_add", {a, b}, {y}, n);
+  run_elementwise(ctx, kernels::ew_add, {a, b}, {y}, n);
 }
 void scale(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n, float alpha) {
-  run_elementwise(ctx, "ew_scale", {x}, {y}, n, alpha);
+  run_elementwise(ctx, kernels::ew_scale, {x}, {y}, n, alpha);
 }
 void silu_forward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n) {
-  run_elementwise(ctx, "ew_silu", {x}, {y}, n);
+  run_elementwise(ctx, kernels::ew_silu, {x}, {y}, n);
 }
 void silu_backward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& dy, const gpu::Buffer& dx, uint64_t n) {
-  run_elementwise(ctx, "ew_silu_bwd", {x, dy}, {dx}, n);
+  run_elementwise(ctx, kernels::ew_silu_bwd, {x, dy}, {dx}, n);
 }
 void swiglu_forward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& h, uint64_t n) {
-  run_elementwise(ctx, "ew_swiglu", {g, u}, {h}, n);
+  run_elementwise(ctx, kernels::ew_swiglu, {g, u}, {h}, n);
 }
 void swiglu_backward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& dh,
                      const gpu::Buffer& dg, const gpu::Buffer& du, uint64_t n) {
-  run_elementwise(ctx, "ew_swiglu_bwd", {g, u, dh}, {dg, du}, n);
+  run_elementwise(ctx, kernels::ew_swiglu_bwd, {g, u, dh}, {dg, du}, n);
 }
 
 void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n, const Fp16RangeFlag* flag) {
@@ -89,8 +98,7 @@ void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint6
   const uint64_t out_bytes = (n * 2 + 3) / 4 * 4;
   if (x.size < n * 4 || y.size < out_bytes) throw std::logic_error("to_f16: buffer smaller than n elements");
   if (flag && flag->flags.size < (uint64_t(flag->index) + 1) * 4) throw std::logic_error("to_f16: flag outside its buffer");
-  const auto& p = flag ? ctx.pipelines().get("ew_to_f16_checked", 3, sizeof(EwPush))
-                       : ctx.pipelines().get("ew_to_f16", 2, sizeof(EwPush));
+  const auto& p = ctx.pipelines().get(flag ? kernels::ew_to_f16_checked : kernels::ew_to_f16);
   // Chunks of a multiple of the alignment in elements, so that the fp16 output's chunks (half
   // the bytes) start aligned too.
   const uint64_t align = std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
@@ -124,13 +132,13 @@ void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first,
     float scale;
     uint32_t flag;
   };
+  static_assert(kernels::push_block_matches<Push>(kernels::to_f16_block, kernels::to_f16_block_checked));
   // Four halves per invocation where every chunk of 4 is aligned in both matrices (window() starts
   // bindings at 16-byte multiples, so the element offsets inside them keep these residues).
   const bool vec4 = src_first % 4 == 0 && src_ld % 4 == 0 && dst_first % 4 == 0 && dst_ld % 4 == 0 &&
                     cols % 4 == 0 && width % 4 == 0;
   const uint32_t vec = vec4 ? 4 : 2;
-  const auto& p = flag ? ctx.pipelines().get("to_f16_block_checked", 3, sizeof(Push), {vec})
-                       : ctx.pipelines().get("to_f16_block", 2, sizeof(Push), {vec});
+  const auto& p = ctx.pipelines().get(flag ? kernels::to_f16_block_checked : kernels::to_f16_block, {vec});
   // Rows per dispatch: both windows within the binding limit (and 32-bit indices).
   const uint64_t range = std::min<uint64_t>(usable_binding_bytes(ctx), 1ull << 31);
   const uint64_t row_bytes = std::max<uint64_t>(uint64_t(src_ld) * 4 * (cols > 0), uint64_t(dst_ld) * 2);
@@ -158,20 +166,21 @@ void add_row_bias(gpu::Context& ctx, const gpu::Buffer& bias, const gpu::Buffer&
   struct Push {
     uint32_t n, cols;
   };
-  const auto& p = ctx.pipelines().get("bias", 2, sizeof(Push));
+  static_assert(kernels::push_block_matches<Push>(kernels::bias));
+  const auto& p = ctx.pipelines().get(kernels::bias);
   const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((n + kThreads - 1) / kThreads, kMaxGroups));
   ctx.dispatch(p, {{bias, gpu::Access::read}, {y.slice(0, n * 4), gpu::Access::read_write}},
                Push{static_cast<uint32_t>(n), cols}, groups, 1, 1, "add_row_bias");
 }
 
 void row_sum(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& out, uint32_t rows, uint32_t cols) {
-  run_rows(ctx, "row_sum", x, out, rows, cols);
+  run_rows(ctx, kernels::row_sum, x, out, rows, cols);
 }
 void row_sum_squares(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& out, uint32_t rows, uint32_t cols) {
-  run_rows(ctx, "row_sumsq", x, out, rows, cols);
+  run_rows(ctx, kernels::row_sumsq, x, out, rows, cols);
 }
 void row_max(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& out, uint32_t rows, uint32_t cols) {
-  run_rows(ctx, "row_max", x, out, rows, cols);
+  run_rows(ctx, kernels::row_max, x, out, rows, cols);
 }
 
 void global_l2_norm(gpu::Context& ctx, const std::vector<VectorRef>& buffers, const gpu::Buffer& out) {
@@ -182,7 +191,7 @@ void global_l2_norm(gpu::Context& ctx, const std::vector<VectorRef>& buffers, co
   uint64_t slots = 0;
   for (const auto& v : buffers) slots += (v.n + chunk - 1) / chunk * kGroups;
   gpu::Buffer partials = ctx.alloc(std::max<uint64_t>(slots, 1) * 4, "global norm partials");
-  const auto& p = ctx.pipelines().get("sumsq_partial", 2, sizeof(ReducePush));
+  const auto& p = ctx.pipelines().get(kernels::sumsq_partial);
   uint32_t slot = 0;
   for (const auto& v : buffers) {
     if (v.buffer.size < v.n * 4) throw std::logic_error("global_l2_norm: buffer smaller than n elements");
@@ -197,7 +206,7 @@ void global_l2_norm(gpu::Context& ctx, const std::vector<VectorRef>& buffers, co
     }
   }
   // Pass 2: one workgroup sums the partials and takes the square root.
-  const auto& f = ctx.pipelines().get("sqrt_sum", 2, sizeof(ReducePush));
+  const auto& f = ctx.pipelines().get(kernels::sqrt_sum);
   ctx.dispatch(f, {{partials, gpu::Access::read}, {out, gpu::Access::write}},
                ReducePush{0, 0, static_cast<uint32_t>(slots), 0}, 1, 1, 1, "sqrt_sum");
   ctx.free(partials);

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/kernel_table.h"
 #include "ops/chunking.h"
 
 namespace forja::ops {
@@ -17,6 +18,8 @@ struct EmbeddingPush {
   uint32_t first_table, first_ids, first_out;  // element offsets inside the bindings
   uint32_t zero_invalid;
 };
+static_assert(kernels::push_block_matches<EmbeddingPush>(kernels::embedding_f32, kernels::embedding_f16),
+              "EmbeddingPush differs from kernels/embedding.comp's push-constant block");
 
 }  // namespace
 
@@ -37,7 +40,7 @@ void embedding_forward(gpu::Context& ctx, const gpu::Buffer& table, DType dtype,
   if (table_rows == 0 || token_rows == 0)
     throw std::logic_error("embedding_forward: one row of " + std::to_string(hidden) +
                            " columns exceeds the device's storage-buffer binding limit");
-  const auto& p = ctx.pipelines().get(dtype == DType::f16 ? "embedding_f16" : "embedding_f32", 3, sizeof(EmbeddingPush));
+  const auto& p = ctx.pipelines().get(dtype == DType::f16 ? kernels::embedding_f16 : kernels::embedding_f32);
   for (uint64_t t0 = 0; t0 < tokens; t0 += token_rows) {
     const uint32_t nt = static_cast<uint32_t>(std::min<uint64_t>(token_rows, tokens - t0));
     const Window iw = window(ctx, ids, t0 * 4, uint64_t(nt) * 4, 4);

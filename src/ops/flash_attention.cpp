@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gpu/pipeline.h"
+#include "kernels/kernel_table.h"
 #include "ops/attention_common.h"
 #include "ops/chunking.h"
 
@@ -21,6 +22,11 @@ struct FlashPush {
   uint32_t off[9];  // element offsets, in binding order
   uint32_t parts;   // the dk/dv kernel's split of a kv head's query heads
 };
+static_assert(kernels::push_block_matches<FlashPush>(
+                  kernels::flash_fwd_nvcm, kernels::flash_fwd_emu, kernels::flash_fwd_f32, kernels::flash_bwd_dq_nvcm,
+                  kernels::flash_bwd_dq_emu, kernels::flash_bwd_dq_f32, kernels::flash_bwd_dkdv_nvcm,
+                  kernels::flash_bwd_dkdv_emu, kernels::flash_bwd_dkdv_f32, kernels::flash_sum_parts),
+              "FlashPush differs from kernels/flash_attention.comp's push-constant block");
 
 enum class Pass { fwd, dq, dkdv };
 
@@ -58,12 +64,13 @@ uint64_t shared_bytes(Pass p, Tile t, uint32_t hd, bool f32) {
   return 0;
 }
 
-const char* variant_name(Pass p, FlashKernel k) {
-  static const char* names[3][3] = {{"flash_fwd_nvcm", "flash_fwd_emu", "flash_fwd_f32"},
-                                    {"flash_bwd_dq_nvcm", "flash_bwd_dq_emu", "flash_bwd_dq_f32"},
-                                    {"flash_bwd_dkdv_nvcm", "flash_bwd_dkdv_emu", "flash_bwd_dkdv_f32"}};
+const kernels::Kernel& kernel_of(Pass p, FlashKernel k) {
+  static const kernels::Kernel* table[3][3] = {
+      {&kernels::flash_fwd_nvcm, &kernels::flash_fwd_emu, &kernels::flash_fwd_f32},
+      {&kernels::flash_bwd_dq_nvcm, &kernels::flash_bwd_dq_emu, &kernels::flash_bwd_dq_f32},
+      {&kernels::flash_bwd_dkdv_nvcm, &kernels::flash_bwd_dkdv_emu, &kernels::flash_bwd_dkdv_f32}};
   const int v = k == FlashKernel::coopmat ? 0 : k == FlashKernel::coopmat_emulated ? 1 : 2;
-  return names[static_cast<int>(p)][v];
+  return *table[static_cast<int>(p)][v];
 }
 
 // The tile of pass p, or {0, 0} with `why` set.
@@ -79,7 +86,7 @@ Tile pick(const gpu::Context& ctx, Pass p, uint32_t hd, FlashKernel kernel, cons
     }
     const uint64_t bytes = shared_bytes(p, t, hd, f32);
     if (bytes > limit) {
-      why = std::string(variant_name(p, kernel)) + " with tiles " + std::to_string(t.q) + "x" + std::to_string(t.k) +
+      why = std::string(kernel_of(p, kernel).name) + " with tiles " + std::to_string(t.q) + "x" + std::to_string(t.k) +
             " needs " + std::to_string(bytes) + " bytes of shared memory, the device has " + std::to_string(limit);
       return {0, 0};
     }
@@ -87,7 +94,7 @@ Tile pick(const gpu::Context& ctx, Pass p, uint32_t hd, FlashKernel kernel, cons
   }
   for (const Tile& t : candidates(p))
     if (shared_bytes(p, t, hd, f32) <= limit) return t;
-  why = std::string(variant_name(p, kernel)) + " at head_dim " + std::to_string(hd) + " needs " +
+  why = std::string(kernel_of(p, kernel).name) + " at head_dim " + std::to_string(hd) + " needs " +
         std::to_string(shared_bytes(p, candidates(p).back(), hd, f32)) +
         " bytes of shared memory even with 16x16 tiles, the device has " + std::to_string(limit);
   return {0, 0};
@@ -116,16 +123,15 @@ std::string unsupported(const gpu::Context& ctx, uint32_t hd, const FlashAttenti
 
 using Dims = AttentionDims;
 
-const gpu::Pipeline& pipeline(gpu::Context& ctx, Pass p, FlashKernel kernel, Tile t, uint32_t hd, uint32_t bindings) {
+const gpu::Pipeline& pipeline(gpu::Context& ctx, Pass p, FlashKernel kernel, Tile t, uint32_t hd) {
   const uint32_t threads = (p == Pass::dkdv ? t.k : t.q) / 16 * 32;
-  return ctx.pipelines().get(variant_name(p, kernel), bindings, sizeof(FlashPush),
-                             {threads, t.q, t.k, padded_head_dim(hd)});
+  return ctx.pipelines().get(kernel_of(p, kernel), {threads, t.q, t.k, padded_head_dim(hd)});
 }
 
 }  // namespace
 
 bool flash_attention_coopmat_available(const gpu::Context& ctx) {
-  return ctx.info().nv_coopmat_f16_f32_16x16x16 && gpu::PipelineCache::available("flash_fwd_nvcm") &&
+  return ctx.info().nv_coopmat_f16_f32_16x16x16 && kernels::flash_fwd_nvcm.built &&
          !gpu::env_flag("FORJA_NO_COOPMAT");
 }
 
@@ -186,7 +192,7 @@ void flash_attention_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu:
 
   const FlashKernel kernel = flash_kernel_for(ctx, o.kernel);
   const Tile t{tiles.fwd_q, tiles.fwd_k};
-  const auto& p = pipeline(ctx, Pass::fwd, kernel, t, head_dim, 6);
+  const auto& p = pipeline(ctx, Pass::fwd, kernel, t, head_dim);
   const uint32_t per = sequences_per_dispatch(ctx, op, m);
   for (uint32_t b0 = 0; b0 < batch; b0 += per) {
     const uint32_t nb = std::min(per, batch - b0);
@@ -222,8 +228,8 @@ void flash_attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu
 
   const FlashKernel kernel = flash_kernel_for(ctx, o.kernel);
   const Tile tq{tiles.dq_q, tiles.dq_k}, tkv{tiles.dkdv_q, tiles.dkdv_k};
-  const auto& pdq = pipeline(ctx, Pass::dq, kernel, tq, head_dim, 9);
-  const auto& pkv = pipeline(ctx, Pass::dkdv, kernel, tkv, head_dim, 9);
+  const auto& pdq = pipeline(ctx, Pass::dq, kernel, tq, head_dim);
+  const auto& pkv = pipeline(ctx, Pass::dkdv, kernel, tkv, head_dim);
   // D_i = dout_i . out_i per (sequence, head, query), written by the dq kernel, read by dkdv.
   gpu::Buffer drow = ctx.alloc(m.stat_seq() * batch * 4, "flash attention D");
   const uint32_t per = sequences_per_dispatch(ctx, op, m);
@@ -260,7 +266,7 @@ void flash_attention_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu
     if (parts > 1) {
       const uint64_t count = nb * m.kv_seq();
       const uint32_t groups = static_cast<uint32_t>(std::clamp<uint64_t>((count + 255) / 256, 1, 65535));
-      const auto& psum = ctx.pipelines().get("flash_sum_parts", 2, sizeof(FlashPush), {256});
+      const auto& psum = ctx.pipelines().get(kernels::flash_sum_parts, {256});
       for (const auto& [src, dst] : {std::pair{bdk_out, g.dk}, std::pair{bdv_out, g.dv}}) {
         const FlashPush push_sum{nb * seq, n_heads, n_kv_heads, head_dim, scale, {src.offset, dst.offset}, parts};
         ctx.dispatch(psum, {{src.buffer, gpu::Access::read}, {dst.buffer, gpu::Access::write}}, push_sum, groups, 1, 1,

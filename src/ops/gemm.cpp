@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "kernels/kernel_table.h"
 #include "util/error.h"
 
 namespace forja::ops {
@@ -18,6 +19,21 @@ struct GemmPush {
   uint32_t a_stride, b_stride, c_stride;
   float alpha, beta;
 };
+static_assert(kernels::push_block_matches<GemmPush>(
+                  kernels::gemm_f32_t64, kernels::gemm_f32_t128, kernels::gemm_f16_t64, kernels::gemm_f16_t128,
+                  kernels::gemm_f32f16_t64, kernels::gemm_f32f16_t128, kernels::gemm_cm2, kernels::gemm_cm2_edge,
+                  kernels::gemm_cm2_af32, kernels::gemm_cm2_af32_edge, kernels::gemm_nvcm, kernels::gemm_nvcm_emu,
+                  kernels::gemm_nvcm_af32, kernels::gemm_nvcm_af32_emu, kernels::gemm_khr, kernels::gemm_khr_af32),
+              "GemmPush differs from kernels/gemm_common.glsl's push-constant block");
+
+// The scalar kernel for the operand types (mixed: fp32 A, fp16 B) and a tile of `bm` rows.
+const kernels::Kernel& scalar_kernel(bool mixed, DType a, uint32_t bm) {
+  const bool wide = bm == 128;
+  if (!wide && bm != 64) throw std::logic_error("gemm: no scalar kernel for a tile of " + std::to_string(bm) + " rows");
+  if (mixed) return wide ? kernels::gemm_f32f16_t128 : kernels::gemm_f32f16_t64;
+  if (a == DType::f16) return wide ? kernels::gemm_f16_t128 : kernels::gemm_f16_t64;
+  return wide ? kernels::gemm_f32_t128 : kernels::gemm_f32_t64;
+}
 
 struct ScalarTile {
   uint32_t bm, bn, bk, tm, tn;
@@ -54,10 +70,10 @@ Operand bind(const gpu::Context& ctx, const MatrixView& m, uint64_t offset, uint
 }
 
 bool coopmat_available(const gpu::Context& ctx) {
-  return ctx.info().nv_coopmat_f16_f32_16x16x16 && gpu::PipelineCache::available("gemm_nvcm");
+  return ctx.info().nv_coopmat_f16_f32_16x16x16 && kernels::gemm_nvcm.built;
 }
 bool khr_available(const gpu::Context& ctx) {
-  return ctx.info().khr_fragment.m != 0 && gpu::PipelineCache::available("gemm_khr");
+  return ctx.info().khr_fragment.m != 0 && kernels::gemm_khr.built;
 }
 
 // NV2 tiles: {BM, BN, BK, workgroup size, K tiles per loop body, GROUP_M}. From the probe on an
@@ -82,7 +98,7 @@ bool cm2_tile_supported(const gpu::DeviceInfo& info, const Cm2Tile& t) {
 }
 bool cm2_available(const gpu::Context& ctx) {
   const gpu::DeviceInfo& info = ctx.info();
-  return info.nv_coopmat2 && gpu::PipelineCache::available("gemm_cm2") && cm2_tile_supported(info, kCm2Wide) &&
+  return info.nv_coopmat2 && kernels::gemm_cm2.built && cm2_tile_supported(info, kCm2Wide) &&
          cm2_tile_supported(info, kCm2Square) && cm2_tile_supported(info, kCm2Small);
 }
 
@@ -234,8 +250,7 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
     const bool vec_b = chunks_ok(b.ld, ob.offset, s.b_stride, b_contig);
     const bool vec_c = chunks_ok(c.ld, oc.offset, s.c_stride, s.n);
     const char* base = mixed ? "gemm_f32f16" : a.dtype == DType::f16 ? "gemm_f16" : "gemm_f32";
-    const std::string variant = std::string(base) + "_t" + std::to_string(t.bm);
-    const auto& p = ctx.pipelines().get(variant, 3, sizeof(GemmPush), {s.trans_a, s.trans_b, vec_a, vec_b, vec_c});
+    const auto& p = ctx.pipelines().get(scalar_kernel(mixed, a.dtype, t.bm), {s.trans_a, s.trans_b, vec_a, vec_b, vec_c});
     ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, s.op ? s.op : base,
                  flops);
     return;
@@ -244,10 +259,10 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
     const Cm2Tile t = cm2_tile(s, ctx.info().compute_units);
     const bool exact = s.m % t.bm == 0 && s.n % t.bn == 0 && s.k % t.bk == 0;
     const bool aligned = a.ld % 8 == 0 && b.ld % 8 == 0 && c.ld % 8 == 0;
-    const char* name = mixed ? (exact ? "gemm_cm2_af32" : "gemm_cm2_af32_edge") : (exact ? "gemm_cm2" : "gemm_cm2_edge");
-    const auto& p = ctx.pipelines().get(name, 3, sizeof(GemmPush),
-                                        {t.threads, t.bm, t.bn, t.bk, t.unroll, t.group_m, s.trans_a, s.trans_b, aligned});
-    ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, s.op ? s.op : name,
+    const kernels::Kernel& k = mixed ? (exact ? kernels::gemm_cm2_af32 : kernels::gemm_cm2_af32_edge)
+                                     : (exact ? kernels::gemm_cm2 : kernels::gemm_cm2_edge);
+    const auto& p = ctx.pipelines().get(k, {t.threads, t.bm, t.bn, t.bk, t.unroll, t.group_m, s.trans_a, s.trans_b, aligned});
+    ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, s.op ? s.op : k.name,
                  flops);
     return;
   }
@@ -268,14 +283,13 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
   const bool vec_a = a.ld % 8 == 0 && oa.offset % 8 == 0 && s.a_stride % 8 == 0 && a_contig % 8 == 0;
   const bool vec_b = b.ld % 8 == 0 && ob.offset % 8 == 0 && s.b_stride % 8 == 0 && b_contig % 8 == 0;
   const uint32_t threads = t.wm * t.wn * frag.subgroup_size;
-  const char* name = khr        ? (mixed ? "gemm_khr_af32" : "gemm_khr")
-                     : emulated ? (mixed ? "gemm_nvcm_af32_emu" : "gemm_nvcm_emu")
-                                : (mixed ? "gemm_nvcm_af32" : "gemm_nvcm");
-  const auto& p = ctx.pipelines().get(name, 3, sizeof(GemmPush),
-                                      {threads, t.bm, t.bn, t.bk, t.wm, t.wn, t.stages, s.trans_a, s.trans_b, vec_a,
+  const kernels::Kernel& k = khr        ? (mixed ? kernels::gemm_khr_af32 : kernels::gemm_khr)
+                             : emulated ? (mixed ? kernels::gemm_nvcm_af32_emu : kernels::gemm_nvcm_emu)
+                                        : (mixed ? kernels::gemm_nvcm_af32 : kernels::gemm_nvcm);
+  const auto& p = ctx.pipelines().get(k, {threads, t.bm, t.bn, t.bk, t.wm, t.wn, t.stages, s.trans_a, s.trans_b, vec_a,
                                        vec_b, frag.subgroup_size, frag.m, frag.n, frag.k},
                                       khr ? frag.subgroup_size : 0);
-  ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, s.op ? s.op : name,
+  ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, s.op ? s.op : k.name,
                flops);
 }
 
@@ -306,10 +320,11 @@ void gemm_split_k(gpu::Context& ctx, const GemmShape& s, uint32_t slices, const 
     uint32_t m, n, ldc, c_offset, slices;
     float beta;
   };
+  static_assert(kernels::push_block_matches<ReducePush>(kernels::gemm_split_k));
   const Operand oc = bind(ctx, c, c.offset, span_elements(s.m, s.n, c.ld, 1, 0));
   const ReducePush push{s.m, s.n, c.ld, oc.offset, parts, s.beta};
   const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((mn + 255) / 256, 65535));
-  ctx.dispatch(ctx.pipelines().get("gemm_split_k", 2, sizeof(ReducePush)),
+  ctx.dispatch(ctx.pipelines().get(kernels::gemm_split_k),
                {{scratch.slice(0, parts * mn * 4), gpu::Access::read},
                 {oc.binding, s.beta != 0.0f ? gpu::Access::read_write : gpu::Access::write}},
                push, groups, 1, 1, "gemm_split_k");

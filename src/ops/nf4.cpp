@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/kernel_table.h"
+
 namespace forja::ops {
 
 namespace {
@@ -24,6 +26,12 @@ struct Nf4GemmPush {
   float alpha, beta;
   float absmax_offset;
 };
+static_assert(kernels::push_block_matches<DequantPush>(kernels::nf4, kernels::nf4_f16),
+              "DequantPush differs from kernels/nf4.comp's push-constant block");
+static_assert(kernels::push_block_matches<Nf4GemmPush>(kernels::nf4_gemm_t64, kernels::nf4_gemm_t128,
+                                                       kernels::nf4_gemm_f16_t64, kernels::nf4_gemm_f16_t128,
+                                                       kernels::nf4_gemm_nvcm, kernels::nf4_gemm_nvcm_emu),
+              "Nf4GemmPush differs from kernels/nf4_gemm.comp's push-constant block");
 
 uint64_t offset_alignment(const gpu::Context& ctx) {
   return std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
@@ -76,7 +84,7 @@ gpu::Buffer bind_range(const gpu::Context& ctx, const gpu::Buffer& b, uint64_t f
 }
 
 bool coopmat_available(const gpu::Context& ctx) {
-  return ctx.info().nv_coopmat_f16_f32_16x16x16 && gpu::PipelineCache::available("nf4_gemm_nvcm") &&
+  return ctx.info().nv_coopmat_f16_f32_16x16x16 && kernels::nf4_gemm_nvcm.built &&
          !gpu::env_flag("FORJA_NO_COOPMAT");
 }
 
@@ -126,21 +134,21 @@ void fused_gemm(gpu::Context& ctx, const gpu::Buffer& a, const Nf4Weight& w, con
       // 4-element chunks (see nf4_gemm.comp): A's rows and offset, W's stored rows, C's rows.
       const uint32_t vec_a = k % 4 == 0 && push.a_offset % 4 == 0, vec_b = w.cols % 4 == 0;
       const uint32_t vec_c = n % 4 == 0 && push.c_offset % 4 == 0;
-      const char* variant = operands == DType::f16 ? (small ? "nf4_gemm_f16_t64" : "nf4_gemm_f16_t128")
-                                                   : (small ? "nf4_gemm_t64" : "nf4_gemm_t128");
-      const auto& p = ctx.pipelines().get(variant, 6, sizeof(Nf4GemmPush), {spec[0], spec[1], vec_a, vec_b, vec_c});
+      const kernels::Kernel& variant = operands == DType::f16
+                                           ? (small ? kernels::nf4_gemm_f16_t64 : kernels::nf4_gemm_f16_t128)
+                                           : (small ? kernels::nf4_gemm_t64 : kernels::nf4_gemm_t128);
+      const auto& p = ctx.pipelines().get(variant, {spec[0], spec[1], vec_a, vec_b, vec_c});
       ctx.dispatch(p, bindings, push, (n + tile - 1) / tile, (mp + tile - 1) / tile, 1, op, flops);
     } else {
       // Workgroup tile BM = BN = 128 where that still gives the device enough workgroups, else
       // 64 (and always 64 when emulated); BK = 32, 2 x 2 subgroups. Shared memory at 128:
       // 2 stages x (128 + 128) rows x 5 chunks x 16 B + 4 KiB epilogue = 45 KiB.
       const bool emulated = kernel == GemmKernel::coopmat_emulated;
-      const char* name = emulated ? "nf4_gemm_nvcm_emu" : "nf4_gemm_nvcm";
+      const kernels::Kernel& variant = emulated ? kernels::nf4_gemm_nvcm_emu : kernels::nf4_gemm_nvcm;
       const uint64_t groups128 = uint64_t((n + 127) / 128) * ((mp + 127) / 128);
       const uint32_t tile = !emulated && groups128 >= 120 && ctx.info().max_shared_memory >= 48 * 1024 ? 128 : 64;
       const uint32_t vec_a = k % 8 == 0 && push.a_offset % 4 == 0, vec_b = w.cols % 8 == 0;
-      const auto& p = ctx.pipelines().get(
-          name, 6, sizeof(Nf4GemmPush), {128, tile, tile, 32, 2, 2, spec[0], spec[1], vec_a, vec_b});
+      const auto& p = ctx.pipelines().get(variant, {128, tile, tile, 32, 2, 2, spec[0], spec[1], vec_a, vec_b});
       ctx.dispatch(p, bindings, push, (n + tile - 1) / tile, (mp + tile - 1) / tile, 1, op, flops);
     }
   }
@@ -212,8 +220,7 @@ void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& ou
   const uint64_t chunk = ctx.info().max_storage_buffer_range / es / step * step;
   std::vector<gpu::Binding> bindings = weight_bindings(w);
   bindings.resize(5);
-  const char* name = out_dtype == DType::f16 ? "nf4_f16" : "nf4";
-  const auto& p = ctx.pipelines().get(name, 5, sizeof(DequantPush), {w.double_quant ? 1u : 0u});
+  const auto& p = ctx.pipelines().get(out_dtype == DType::f16 ? kernels::nf4_f16 : kernels::nf4, {w.double_quant ? 1u : 0u});
   for (uint64_t first = 0; first < n; first += chunk) {
     const uint64_t count = std::min(chunk, n - first);
     bindings[4] = {out_ld == w.cols ? out.slice(first * es, count * es) : out.slice(0, span * es), gpu::Access::write};

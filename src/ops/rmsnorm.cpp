@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/kernel_table.h"
 #include "ops/chunking.h"
 
 namespace forja::ops {
@@ -17,6 +18,9 @@ struct RmsnormPush {
   float eps;
   uint32_t accumulate;
 };
+static_assert(kernels::push_block_matches<RmsnormPush>(kernels::rmsnorm_fwd_f32, kernels::rmsnorm_fwd_f16,
+                                                       kernels::rmsnorm_bwd_f32, kernels::rmsnorm_bwd_f16),
+              "RmsnormPush differs from kernels/rmsnorm.comp's push-constant block");
 
 // Workgroup size for a row of `cols`: about two columns per invocation, a power of two in
 // [32, 256], so short rows (q/k norms over head_dim) do not leave most invocations idle. On a
@@ -58,8 +62,7 @@ void rmsnorm_forward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer&
   check_buffer(ctx, op, "rstd", rstd, uint64_t(rows) * 4);
   check_weights(ctx, op, w, w_dtype, cols);
   const uint32_t wg = workgroup_size(ctx, cols);
-  const auto& p = ctx.pipelines().get(w_dtype == DType::f16 ? "rmsnorm_fwd_f16" : "rmsnorm_fwd_f32", 4,
-                                      sizeof(RmsnormPush), {wg});
+  const auto& p = ctx.pipelines().get(w_dtype == DType::f16 ? kernels::rmsnorm_fwd_f16 : kernels::rmsnorm_fwd_f32, {wg});
   const uint32_t chunk = rows_per_chunk(ctx, op, cols);
   const gpu::Buffer wv = w.slice(0, std::min<uint64_t>(w.size, (uint64_t(cols) * dtype_bytes(w_dtype) + 15) / 16 * 16));
   for (uint32_t r0 = 0; r0 < rows; r0 += std::min(chunk, rows - r0)) {
@@ -93,8 +96,7 @@ void rmsnorm_backward(gpu::Context& ctx, const gpu::Buffer& dy, const gpu::Buffe
   if (accumulate && dx.buffer == dy.buffer && dx.offset < dy.offset + bytes && dy.offset < dx.offset + bytes)
     throw std::logic_error("rmsnorm_backward: with accumulate, dx must not overlap dy");
   const uint32_t wg = workgroup_size(ctx, cols);
-  const auto& p = ctx.pipelines().get(w_dtype == DType::f16 ? "rmsnorm_bwd_f16" : "rmsnorm_bwd_f32", 5,
-                                      sizeof(RmsnormPush), {wg});
+  const auto& p = ctx.pipelines().get(w_dtype == DType::f16 ? kernels::rmsnorm_bwd_f16 : kernels::rmsnorm_bwd_f32, {wg});
   const uint32_t chunk = rows_per_chunk(ctx, op, cols);
   const gpu::Buffer wv = w.slice(0, std::min<uint64_t>(w.size, (uint64_t(cols) * dtype_bytes(w_dtype) + 15) / 16 * 16));
   for (uint32_t r0 = 0; r0 < rows; r0 += std::min(chunk, rows - r0)) {

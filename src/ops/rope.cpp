@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/kernel_table.h"
 #include "ops/chunking.h"
 
 namespace forja::ops {
@@ -16,6 +17,8 @@ struct RopePush {
   uint32_t first_x, first_pos;  // element offsets of the chunk's first token inside the bindings
   float sign;
 };
+static_assert(kernels::push_block_matches<RopePush>(kernels::rope),
+              "RopePush differs from kernels/rope.comp's push-constant block");
 
 constexpr uint32_t kThreads = 256;
 constexpr uint32_t kMaxGroups = 65535;  // the kernel's grid-stride loop covers the rest
@@ -34,7 +37,7 @@ void rope_apply(gpu::Context& ctx, const char* op, float sign, const gpu::Buffer
   if (chunk == 0)
     throw std::logic_error(std::string(op) + ": one token of " + std::to_string(heads) + " heads x " +
                            std::to_string(head_dim) + " exceeds the device's storage-buffer binding limit");
-  const auto& p = ctx.pipelines().get("rope", 3, sizeof(RopePush));
+  const auto& p = ctx.pipelines().get(kernels::rope);
   const gpu::Buffer freq = inv_freq.slice(0, std::min<uint64_t>(inv_freq.size, (uint64_t(head_dim / 2) * 4 + 15) / 16 * 16));
   for (uint64_t t0 = 0; t0 < tokens; t0 += chunk) {
     const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(chunk, tokens - t0));

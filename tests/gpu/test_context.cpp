@@ -5,6 +5,7 @@
 #include <numeric>
 #include <random>
 
+#include "kernels/kernel_table.h"
 #include "support/gpu_fixture.h"
 
 namespace forja::test {
@@ -16,6 +17,7 @@ struct AxpbPush {
   uint32_t n;
   float a, b;
 };
+static_assert(kernels::push_block_matches<AxpbPush>(kernels::fill_test));
 
 TEST_F(GpuContext, ReportsDeviceLimits) {
   const auto& info = ctx().info();
@@ -64,7 +66,7 @@ TEST_F(GpuContext, DependentDispatchesSeeEachOthersResults) {
   for (auto& v : x) v = u(rng);
   gpu::Buffer a = ctx().alloc(n * 4), b = ctx().alloc(n * 4);
   ctx().upload(a, x);
-  const auto& p = ctx().pipelines().get("fill_test", 2, sizeof(AxpbPush));
+  const auto& p = ctx().pipelines().get(kernels::fill_test);
   // a -> b -> a -> b: every step reads what the previous one wrote.
   const uint64_t barriers_before = ctx().barriers_recorded();
   for (int i = 0; i < 4; ++i) {
@@ -88,7 +90,7 @@ TEST_F(GpuContext, IndependentDispatchesNeedNoBarrier) {
   gpu::Buffer x = ctx().alloc(n * 4), y1 = ctx().alloc(n * 4), y2 = ctx().alloc(n * 4);
   ctx().fill(x, 0);
   ctx().finish();
-  const auto& p = ctx().pipelines().get("fill_test", 2, sizeof(AxpbPush));
+  const auto& p = ctx().pipelines().get(kernels::fill_test);
   ctx().dispatch(p, {{x, gpu::Access::read}, {y1, gpu::Access::write}}, AxpbPush{n, 1.0f, 3.0f}, 4);
   const uint64_t before = ctx().barriers_recorded();
   ctx().dispatch(p, {{x, gpu::Access::read}, {y2, gpu::Access::write}}, AxpbPush{n, 1.0f, 5.0f}, 4);
