@@ -1,5 +1,13 @@
 #include "model/block.h"
 
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "ops/elementwise.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+
 namespace forja::model {
 
 std::vector<BlockTensor> block_tensors(const ModelConfig& c, int64_t lora_width) {
@@ -40,6 +48,70 @@ int64_t block_elements_per_token(const ModelConfig& c, int64_t lora_width, Block
   int64_t n = 0;
   for (const BlockTensor& t : block_tensors(c, lora_width)) n += t.role == role ? t.per_token : 0;
   return n;
+}
+
+BlockActs allocate_block_acts(const ModelConfig& config, int64_t lora_width, uint64_t tokens,
+                              const std::function<gpu::Buffer(uint64_t, const char*)>& alloc) {
+  using Field = gpu::Buffer BlockActs::*;
+  static const std::pair<const char*, Field> fields[] = {
+      {"h1", &BlockActs::h1},       {"rstd1", &BlockActs::rstd1},     {"q_raw", &BlockActs::q_raw},
+      {"k_raw", &BlockActs::k_raw}, {"rstd_q", &BlockActs::rstd_q},   {"rstd_k", &BlockActs::rstd_k},
+      {"q", &BlockActs::q},         {"k", &BlockActs::k},             {"v", &BlockActs::v},
+      {"attention out", &BlockActs::att}, {"attention lse", &BlockActs::lse}, {"x2", &BlockActs::x2},
+      {"h2", &BlockActs::h2},       {"rstd2", &BlockActs::rstd2},     {"gate", &BlockActs::g},
+      {"up", &BlockActs::u},        {"swiglu", &BlockActs::act},      {"lora t", &BlockActs::t}};
+  BlockActs a;
+  for (const BlockTensor& t : block_tensors(config, lora_width)) {
+    if (t.role != BlockRole::saved) continue;
+    Field field = nullptr;
+    for (const auto& [name, f] : fields)
+      if (std::string_view(name) == t.name) field = f;
+    if (!field) throw std::logic_error(std::string("the block table's tensor '") + t.name + "' has no buffer");
+    a.*field = alloc(tokens * t.per_token * 4, t.name);
+  }
+  return a;
+}
+
+void block_forward(gpu::Context& ctx, const BaseWeights& base, size_t layer, uint32_t tokens,
+                   const gpu::Buffer& positions, const gpu::Buffer& x_in, const BlockActs& a,
+                   const gpu::Buffer* x_out, BlockSteps& steps) {
+  const ModelConfig& c = base.config;
+  const BaseLayer& L = base.layers[layer];
+  const uint32_t T = tokens, H = static_cast<uint32_t>(c.hidden_size), I = static_cast<uint32_t>(c.intermediate_size);
+  const uint32_t nh = static_cast<uint32_t>(c.num_heads), nkv = static_cast<uint32_t>(c.num_kv_heads),
+                 d = static_cast<uint32_t>(c.head_dim);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const uint64_t residual_bytes = uint64_t(T) * H * 4;
+  using K = LinearKind;
+  using ops::DType;
+
+  ops::rmsnorm_forward(ctx, x_in, L.input_norm, DType::f32, a.h1, a.rstd1, T, H, eps);
+  if (c.qk_norm) {
+    steps.linear(K::Q, a.h1, a.q_raw, false);
+    steps.linear(K::K, a.h1, a.k_raw, false);
+    ops::rmsnorm_forward(ctx, a.q_raw, L.q_norm, DType::f32, a.q, a.rstd_q, T * nh, d, eps);
+    ops::rmsnorm_forward(ctx, a.k_raw, L.k_norm, DType::f32, a.k, a.rstd_k, T * nkv, d, eps);
+  } else {
+    steps.linear(K::Q, a.h1, a.q, false);
+    steps.linear(K::K, a.h1, a.k, false);
+  }
+  steps.linear(K::V, a.h1, a.v, false);
+  ops::rope_forward(ctx, a.q, positions, base.inv_freq, T, nh, d);
+  ops::rope_forward(ctx, a.k, positions, base.inv_freq, T, nkv, d);
+  steps.attention(a);
+  ctx.copy(x_in.slice(0, residual_bytes), a.x2.slice(0, residual_bytes));
+  steps.linear(K::O, a.att, a.x2, true);  // x2 = x + o_proj(att)
+
+  ops::rmsnorm_forward(ctx, a.x2, L.post_norm, DType::f32, a.h2, a.rstd2, T, H, eps);
+  steps.linear(K::Gate, a.h2, a.g, false);
+  steps.linear(K::Up, a.h2, a.u, false);
+  ops::swiglu_forward(ctx, a.g, a.u, a.act, uint64_t(T) * I);
+  if (!x_out) {
+    steps.down_input(a.act);
+    return;
+  }
+  ctx.copy(a.x2.slice(0, residual_bytes), x_out->slice(0, residual_bytes));
+  steps.linear(K::Down, a.act, *x_out, true);  // x_out = x2 + mlp
 }
 
 }  // namespace forja::model

@@ -1,12 +1,19 @@
-// One decoder layer's activation tensors in one table (issue 18, as llm.c's activation table):
-// what the training engine keeps per layer for the backward (`saved`) and the activation
-// gradients in flight that all layers share (`gradient`), each with its fp32 elements per token.
-// The Transformer allocates its buffers from this table (model/transformer.cpp) and the memory
-// plan sums it (model/memory_plan.cpp), so the two cannot disagree about them.
+// One decoder layer, described once (issue 18):
+// - its activation tensors in one table (as llm.c's activation table): what the forward writes and
+//   the training engine keeps per layer for the backward (`saved`), and the activation gradients
+//   in flight that all layers share (`gradient`), each with its fp32 elements per token. The
+//   Transformer and the Generator allocate their buffers from it (allocate_block_acts) and the
+//   memory plan sums it (model/memory_plan.cpp), so none can disagree about them;
+// - its forward, block_forward: the one sequence of ops of a layer, used by training
+//   (model/transformer.cpp, with its own projections and attention kernels) and by generation
+//   (model/generator.cpp, with a KV cache), which differ only in the steps of BlockSteps.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
+#include "gpu/context.h"
+#include "model/base_weights.h"
 #include "model/config.h"
 
 namespace forja::model {
@@ -29,5 +36,44 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& config, int64_t lora_w
 
 // Elements per token of one role, summed.
 int64_t block_elements_per_token(const ModelConfig& config, int64_t lora_width, BlockRole role);
+
+// The saved tensors of one layer as buffers (fp32; shapes for T tokens).
+struct BlockActs {
+  gpu::Buffer h1, rstd1;       // [T, H], [T]        input norm
+  gpu::Buffer q_raw, k_raw;    // [T, nh*d], [T, nkv*d] projections before the q/k norm (Qwen3)
+  gpu::Buffer rstd_q, rstd_k;  // [T*nh], [T*nkv]
+  gpu::Buffer q, k, v;         // after norm and RoPE (what attention saw)
+  gpu::Buffer att, lse;        // [T, nh*d], [B, nh, S]
+  gpu::Buffer x2, h2, rstd2;   // residual after attention, post-attention norm
+  gpu::Buffer g, u, act;       // [T, I] gate, up, silu(gate) * up
+  gpu::Buffer t;               // LoRA x A^T of every target, [T, lora_width]
+};
+
+// One BlockActs for `tokens` tokens, each buffer from `alloc(bytes, table name)`.
+BlockActs allocate_block_acts(const ModelConfig& config, int64_t lora_width, uint64_t tokens,
+                              const std::function<gpu::Buffer(uint64_t, const char*)>& alloc);
+
+// The steps of a layer's forward that differ between the engines that run it.
+class BlockSteps {
+ public:
+  virtual ~BlockSteps() = default;
+  // y = (accumulate: y +) the projection `kind` of x: base product, bias, LoRA.
+  virtual void linear(LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y, bool accumulate) = 0;
+  // a.att (and a.lse where kept) from a.q, a.k, a.v after RoPE: the attention implementation
+  // (tiled, matrix-core, fused, or against a KV cache).
+  virtual void attention(const BlockActs& a) = 0;
+  // Called instead of the down projection when block_forward has no output (a recomputation for
+  // the backward): whatever the engine keeps of the down projection's input `act`.
+  virtual void down_input(const gpu::Buffer& act) { (void)act; }
+};
+
+// Layer `layer` over `tokens` tokens at RoPE `positions` (int32 [tokens]):
+//   h1 = rmsnorm(x_in); q, k, v = proj(h1); [q/k norm]; rope(q, k); att = attention(q, k, v);
+//   x2 = x_in + o_proj(att); h2 = rmsnorm(x2); act = silu(gate(h2)) * up(h2);
+//   x_out = x2 + down(act)        (x_out null: steps.down_input(act) instead)
+// writing the saved tensors of `a`. x_out may be x_in (generation updates its residual in place).
+void block_forward(gpu::Context& ctx, const BaseWeights& base, size_t layer, uint32_t tokens,
+                   const gpu::Buffer& positions, const gpu::Buffer& x_in, const BlockActs& a,
+                   const gpu::Buffer* x_out, BlockSteps& steps);
 
 }  // namespace forja::model

@@ -11,7 +11,6 @@
 #include "ops/gemm.h"
 #include "ops/nf4.h"
 #include "ops/rmsnorm.h"
-#include "ops/rope.h"
 #include "util/error.h"
 
 namespace forja::model {
@@ -40,34 +39,23 @@ Generator::Generator(gpu::Context& ctx, const BaseWeights& base, const LoraSet* 
       max_chunk_(std::max<uint32_t>(1, std::min(max_chunk, max_context))) {
   if (max_context == 0) throw UserError("the context length must be at least 1 token");
   if (base.embed_dtype != DType::f32) throw std::logic_error("Generator: the LM head must be fp32");
-  const uint64_t T = max_chunk_, H = c_.hidden_size, I = c_.intermediate_size, nh = c_.num_heads, nkv = c_.num_kv_heads,
-                 d = c_.head_dim, V = c_.vocab_size;
+  const uint64_t T = max_chunk_, H = c_.hidden_size, nkv = c_.num_kv_heads, d = c_.head_dim, V = c_.vocab_size;
   const uint64_t cache_bytes = uint64_t(max_context) * nkv * d * 4;
   if (cache_bytes > ctx.info().max_storage_buffer_range)
     throw UserError("a context of " + std::to_string(max_context) + " tokens needs a KV cache of " +
                     std::to_string(cache_bytes >> 20) + " MiB per layer, more than this device binds at once (" +
                     std::to_string(ctx.info().max_storage_buffer_range >> 20) + " MiB); use a shorter context");
-  uint64_t r = 1;
+  uint64_t r = 0;  // the LoRA t buffer: [T, r] for one adapter at a time
   if (lora_)
     for (const LoraSlot& s : lora_->slots()) r = std::max<uint64_t>(r, s.rank);
   logit_rows_ = static_cast<uint32_t>(std::clamp<uint64_t>(kMaxLogitBytes / (V * 4), 1, T));
   ids_ = alloc(T * 4, "generator ids");
   positions_ = alloc(T * 4, "generator positions");
   x_ = alloc(T * H * 4, "generator residual");
-  h_ = alloc(T * H * 4, "generator norm");
-  rstd_ = alloc(T * std::max<uint64_t>(nh, 1) * 4, "generator rstd");
-  if (c_.qk_norm) {
-    q_raw_ = alloc(T * nh * d * 4, "generator q_raw");
-    k_raw_ = alloc(T * nkv * d * 4, "generator k_raw");
-  }
-  q_ = alloc(T * nh * d * 4, "generator q");
-  k_ = alloc(T * nkv * d * 4, "generator k");
-  v_ = alloc(T * nkv * d * 4, "generator v");
-  att_ = alloc(T * nh * d * 4, "generator attention");
-  g_ = alloc(T * I * 4, "generator gate");
-  u_ = alloc(T * I * 4, "generator up");
-  act_ = alloc(T * I * 4, "generator swiglu");
-  lora_t_ = alloc(T * r * 4, "generator lora t");
+  h_ = alloc(T * H * 4, "generator final norm");
+  rstd_ = alloc(T * 4, "generator final rstd");
+  acts_ = allocate_block_acts(c_, static_cast<int64_t>(r), T,
+                              [&](uint64_t bytes, const char* what) { return alloc(bytes, what); });
   logits_ = alloc(uint64_t(logit_rows_) * V * 4, "generator logits");
   for (int64_t i = 0; i < c_.num_layers; ++i) {
     k_cache_.push_back(alloc(cache_bytes, "k cache"));
@@ -84,32 +72,55 @@ void Generator::truncate(uint32_t keep) {
   position_ = keep;  // later chunks overwrite the cache from here
 }
 
-void Generator::linear(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y, uint32_t rows,
-                       bool accumulate) {
-  const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
-  const float beta = accumulate ? 1.0f : 0.0f;
-  if (lin.nf4) {
-    ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, rows, 1.0f, beta);
-  } else {
-    ops::gemm(ctx_, GemmShape{rows, lin.out, lin.in, false, true, 1.0f, beta}, MatrixView{x, DType::f32, 0, lin.in},
-              MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{y, DType::f32, 0, lin.out});
+// Generation's steps of a layer's forward (block_forward): fp32 projections with the LoRA update
+// unmerged, attention of the chunk against the layer's KV cache after appending its keys and values.
+class Generator::Steps : public BlockSteps {
+ public:
+  Steps(Generator& g, size_t layer, uint32_t rows, uint32_t first_position)
+      : g_(g), layer_(layer), rows_(rows), p0_(first_position) {}
+
+  void linear(LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y, bool accumulate) override {
+    const BaseLinear& lin = g_.base_.layers[layer_].linears[static_cast<int>(kind)];
+    const float beta = accumulate ? 1.0f : 0.0f;
+    if (lin.nf4) {
+      ops::nf4_gemm_xwt(g_.ctx_, x, *lin.nf4, y, rows_, 1.0f, beta);
+    } else {
+      ops::gemm(g_.ctx_, GemmShape{rows_, lin.out, lin.in, false, true, 1.0f, beta}, MatrixView{x, DType::f32, 0, lin.in},
+                MatrixView{lin.dense, lin.dense_dtype, 0, lin.in}, MatrixView{y, DType::f32, 0, lin.out});
+    }
+    if (lin.bias.valid()) ops::add_row_bias(g_.ctx_, lin.bias, y, rows_, lin.out);
+    if (!g_.lora_) return;
+    if (const LoraSlot* s = g_.lora_->find(static_cast<int64_t>(layer_), kind)) {
+      // t = x A^T [rows, r];  y += scale * t B^T
+      const gpu::Buffer& t = g_.acts_.t;
+      ops::gemm(g_.ctx_, GemmShape{rows_, s->rank, s->in, false, true}, MatrixView{x, DType::f32, 0, s->in},
+                MatrixView{g_.lora_->a(*s), DType::f32, 0, s->in}, MatrixView{t, DType::f32, 0, s->rank});
+      ops::gemm(g_.ctx_, GemmShape{rows_, s->out, s->rank, false, true, g_.lora_->scale(), 1.0f},
+                MatrixView{t, DType::f32, 0, s->rank}, MatrixView{g_.lora_->b(*s), DType::f32, 0, s->rank},
+                MatrixView{y, DType::f32, 0, s->out});
+    }
   }
-  if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, rows, lin.out);
-  if (!lora_) return;
-  if (const LoraSlot* s = lora_->find(static_cast<int64_t>(layer), kind)) {
-    // t = x A^T [rows, r];  y += scale * t B^T
-    ops::gemm(ctx_, GemmShape{rows, s->rank, s->in, false, true}, MatrixView{x, DType::f32, 0, s->in},
-              MatrixView{lora_->a(*s), DType::f32, 0, s->in}, MatrixView{lora_t_, DType::f32, 0, s->rank});
-    ops::gemm(ctx_, GemmShape{rows, s->out, s->rank, false, true, lora_->scale(), 1.0f},
-              MatrixView{lora_t_, DType::f32, 0, s->rank}, MatrixView{lora_->b(*s), DType::f32, 0, s->rank},
-              MatrixView{y, DType::f32, 0, s->out});
+
+  void attention(const BlockActs& a) override {
+    const ModelConfig& c = g_.c_;
+    const uint32_t nh = static_cast<uint32_t>(c.num_heads), nkv = static_cast<uint32_t>(c.num_kv_heads),
+                   d = static_cast<uint32_t>(c.head_dim);
+    const uint64_t kv_row = uint64_t(nkv) * d * 4;  // bytes per cached position
+    const gpu::Buffer &k_cache = g_.k_cache_[layer_], &v_cache = g_.v_cache_[layer_];
+    g_.ctx_.copy(a.k.slice(0, rows_ * kv_row), k_cache.slice(p0_ * kv_row, rows_ * kv_row));
+    g_.ctx_.copy(a.v.slice(0, rows_ * kv_row), v_cache.slice(p0_ * kv_row, rows_ * kv_row));
+    ops::cached_attention(g_.ctx_, a.q, k_cache, v_cache, a.att, rows_, p0_, nh, nkv, d,
+                          static_cast<float>(1.0 / std::sqrt(double(d))));
   }
-}
+
+ private:
+  Generator& g_;
+  size_t layer_;
+  uint32_t rows_, p0_;
+};
 
 void Generator::forward_chunk(const int32_t* ids, uint32_t n, bool all_logits, std::vector<float>* logits) {
-  const uint32_t H = static_cast<uint32_t>(c_.hidden_size), I = static_cast<uint32_t>(c_.intermediate_size),
-                 V = static_cast<uint32_t>(c_.vocab_size), nh = static_cast<uint32_t>(c_.num_heads),
-                 nkv = static_cast<uint32_t>(c_.num_kv_heads), d = static_cast<uint32_t>(c_.head_dim);
+  const uint32_t H = static_cast<uint32_t>(c_.hidden_size), V = static_cast<uint32_t>(c_.vocab_size);
   const float eps = static_cast<float>(c_.rms_norm_eps);
   const uint32_t p0 = position_;
   for (uint32_t t = 0; t < n; ++t)
@@ -121,33 +132,10 @@ void Generator::forward_chunk(const int32_t* ids, uint32_t n, bool all_logits, s
   ctx_.upload(ids_, ids, uint64_t(n) * 4);
   ctx_.upload(positions_, pos);
 
-  const uint64_t kv_row = uint64_t(nkv) * d * 4;  // bytes per cached position
   ops::embedding_forward(ctx_, base_.embedding, base_.embed_dtype, ids_, x_, n, H, V);
   for (size_t i = 0; i < base_.layers.size(); ++i) {
-    const BaseLayer& L = base_.layers[i];
-    ops::rmsnorm_forward(ctx_, x_, L.input_norm, DType::f32, h_, rstd_, n, H, eps);
-    if (c_.qk_norm) {
-      linear(i, LinearKind::Q, h_, q_raw_, n, false);
-      linear(i, LinearKind::K, h_, k_raw_, n, false);
-      ops::rmsnorm_forward(ctx_, q_raw_, L.q_norm, DType::f32, q_, rstd_, n * nh, d, eps);
-      ops::rmsnorm_forward(ctx_, k_raw_, L.k_norm, DType::f32, k_, rstd_, n * nkv, d, eps);
-    } else {
-      linear(i, LinearKind::Q, h_, q_, n, false);
-      linear(i, LinearKind::K, h_, k_, n, false);
-    }
-    linear(i, LinearKind::V, h_, v_, n, false);
-    ops::rope_forward(ctx_, q_, positions_, base_.inv_freq, n, nh, d);
-    ops::rope_forward(ctx_, k_, positions_, base_.inv_freq, n, nkv, d);
-    ctx_.copy(k_.slice(0, n * kv_row), k_cache_[i].slice(p0 * kv_row, n * kv_row));
-    ctx_.copy(v_.slice(0, n * kv_row), v_cache_[i].slice(p0 * kv_row, n * kv_row));
-    ops::cached_attention(ctx_, q_, k_cache_[i], v_cache_[i], att_, n, p0, nh, nkv, d,
-                          static_cast<float>(1.0 / std::sqrt(double(d))));
-    linear(i, LinearKind::O, att_, x_, n, true);  // x += o_proj(att)
-    ops::rmsnorm_forward(ctx_, x_, L.post_norm, DType::f32, h_, rstd_, n, H, eps);
-    linear(i, LinearKind::Gate, h_, g_, n, false);
-    linear(i, LinearKind::Up, h_, u_, n, false);
-    ops::swiglu_forward(ctx_, g_, u_, act_, uint64_t(n) * I);
-    linear(i, LinearKind::Down, act_, x_, n, true);  // x += mlp
+    Steps steps(*this, i, n, p0);
+    block_forward(ctx_, base_, i, n, positions_, x_, acts_, &x_, steps);
   }
   position_ = p0 + n;
   if (!logits) return;  // a prompt chunk before the last: only the cache matters

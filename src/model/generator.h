@@ -1,7 +1,7 @@
 // Inference with a KV cache on the GPU: the frozen base (model/base_weights.h) with an optional
-// LoRA adapter applied unmerged (y = base(x) + scale (x A^T) B^T, as in training), the same ops
-// as model::Transformer's forward, but tokens are fed in chunks that extend a per-layer cache of
-// keys and values instead of whole sequences.
+// LoRA adapter applied unmerged (y = base(x) + scale (x A^T) B^T, as in training), each layer by
+// the training engine's own block_forward (model/block.h), but tokens are fed in chunks that
+// extend a per-layer cache of keys and values instead of whole sequences.
 //
 //   prefill:  forward(prompt)   -> logits of the last prompt token (chunks of max_chunk tokens)
 //   decode:   forward({token})  -> logits of that token, one token at a time
@@ -19,6 +19,7 @@
 
 #include "gpu/context.h"
 #include "model/base_weights.h"
+#include "model/block.h"
 #include "model/lora.h"
 
 namespace forja::model {
@@ -45,8 +46,7 @@ class Generator {
 
  private:
   void forward_chunk(const int32_t* ids, uint32_t n, bool all_logits, std::vector<float>* logits);
-  void linear(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y, uint32_t rows,
-              bool accumulate);
+  class Steps;
   gpu::Buffer alloc(uint64_t bytes, const char* what);
 
   gpu::Context& ctx_;
@@ -55,7 +55,8 @@ class Generator {
   ModelConfig c_;
   uint32_t max_context_, max_chunk_, logit_rows_;
   uint32_t position_ = 0;
-  gpu::Buffer ids_, positions_, x_, h_, rstd_, q_raw_, k_raw_, q_, k_, v_, att_, g_, u_, act_, lora_t_, logits_;
+  gpu::Buffer ids_, positions_, x_, h_, rstd_, logits_;
+  BlockActs acts_;  // one layer's tensors for a chunk (block table), reused by every layer
   std::vector<gpu::Buffer> k_cache_, v_cache_;
   std::vector<gpu::Buffer> owned_;
 };

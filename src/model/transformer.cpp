@@ -64,18 +64,6 @@ uint64_t TokenBatch::target_count() const {
   return n;
 }
 
-// What one layer's forward saves for its backward (shapes for T tokens).
-struct Transformer::LayerActs {
-  gpu::Buffer h1, rstd1;           // [T, H], [T]        input norm
-  gpu::Buffer q_raw, k_raw;        // [T, nh*d], [T, nkv*d] projections before the q/k norm (Qwen3)
-  gpu::Buffer rstd_q, rstd_k;      // [T*nh], [T*nkv]
-  gpu::Buffer q, k, v;             // after norm and RoPE (what attention saw)
-  gpu::Buffer att, lse;            // [T, nh*d], [B, nh, S]
-  gpu::Buffer x2, h2, rstd2;       // residual after attention, post-attention norm
-  gpu::Buffer g, u, act;           // [T, I] gate, up, silu(gate) * up
-  gpu::Buffer t;                   // LoRA x A^T of every target, [T, targets * r] (lora_view)
-};
-
 // Activation gradients, shared by all layers.
 struct Transformer::GradScratch {
   gpu::Buffer dx;              // [T, H] gradient of the residual stream
@@ -165,36 +153,24 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   for (int64_t i = 0; i <= c_.num_layers; ++i) x_.push_back(alloc(T * H * 4, "residual stream"));
   // One layer's activations (per layer, or one set with checkpointing) and the shared activation
   // gradients, allocated from the block table (model/block.h) that the memory plan sums.
-  using Saved = gpu::Buffer LayerActs::*;
   using Grad = gpu::Buffer GradScratch::*;
-  static const std::pair<const char*, Saved> saved_fields[] = {
-      {"h1", &LayerActs::h1},       {"rstd1", &LayerActs::rstd1},     {"q_raw", &LayerActs::q_raw},
-      {"k_raw", &LayerActs::k_raw}, {"rstd_q", &LayerActs::rstd_q},   {"rstd_k", &LayerActs::rstd_k},
-      {"q", &LayerActs::q},         {"k", &LayerActs::k},             {"v", &LayerActs::v},
-      {"attention out", &LayerActs::att}, {"attention lse", &LayerActs::lse}, {"x2", &LayerActs::x2},
-      {"h2", &LayerActs::h2},       {"rstd2", &LayerActs::rstd2},     {"gate", &LayerActs::g},
-      {"up", &LayerActs::u},        {"swiglu", &LayerActs::act},      {"lora t", &LayerActs::t}};
   static const std::pair<const char*, Grad> grad_fields[] = {
       {"dx", &GradScratch::dx},         {"dh", &GradScratch::dh},         {"datt", &GradScratch::datt},
       {"dq", &GradScratch::dq},         {"dk", &GradScratch::dk},         {"dv", &GradScratch::dv},
       {"dq_raw", &GradScratch::dq_raw}, {"dk_raw", &GradScratch::dk_raw}, {"dgate", &GradScratch::dg},
       {"dup", &GradScratch::du},        {"dswiglu", &GradScratch::dact},  {"lora dt", &GradScratch::dt}};
-  auto field_of = [](const auto& fields, const char* name) {
-    for (const auto& [n, f] : fields)
+  auto grad_field = [](const char* name) {
+    for (const auto& [n, f] : grad_fields)
       if (std::string_view(n) == name) return f;
     throw std::logic_error(std::string("Transformer: the block table's tensor '") + name + "' has no buffer");
   };
-  const std::vector<BlockTensor> block = block_tensors(c_, lora_width_);
   const size_t n_acts = checkpointing_ ? 1 : static_cast<size_t>(c_.num_layers);
-  for (size_t i = 0; i < n_acts; ++i) {
-    auto a = std::make_unique<LayerActs>();
-    for (const BlockTensor& t : block)
-      if (t.role == BlockRole::saved) (*a).*field_of(saved_fields, t.name) = alloc(T * t.per_token * 4, t.name);
-    acts_.push_back(std::move(a));
-  }
+  for (size_t i = 0; i < n_acts; ++i)
+    acts_.push_back(allocate_block_acts(c_, lora_width_, T, [&](uint64_t bytes, const char* what) { return alloc(bytes, what); }));
+  const std::vector<BlockTensor> block = block_tensors(c_, lora_width_);
   grad_ = std::make_unique<GradScratch>();
   for (const BlockTensor& t : block)
-    if (t.role == BlockRole::gradient) (*grad_).*field_of(grad_fields, t.name) = alloc(T * t.per_token * 4, t.name);
+    if (t.role == BlockRole::gradient) (*grad_).*grad_field(t.name) = alloc(T * t.per_token * 4, t.name);
   final_h_ = alloc(T * H * 4, "final norm");
   final_rstd_ = alloc(T * 4, "final rstd");
   if (lora_.settings().dropout > 0) {
@@ -515,57 +491,67 @@ void Transformer::lora_input_backward_dropout(size_t layer, const LoraSlot& s, c
   }
 }
 
+// The training engine's steps of a layer's forward (block_forward): its projections, where the
+// projections that read one input (q, k, v of h1; gate, up of h2) make their LoRA inputs in one
+// product at the first of them and reuse the first one's fp16 copy of the input, and its
+// attention implementation.
+class Transformer::ForwardSteps : public BlockSteps {
+ public:
+  ForwardSteps(Transformer& engine, size_t layer, LayerActs& acts) : e_(engine), layer_(layer), a_(acts) {}
+
+  void linear(LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y, bool accumulate) override {
+    using K = LinearKind;
+    bool t_ready = false, input16_ready = false;
+    if (kind == K::Q || kind == K::Gate) {
+      first_ = kind;
+      group_ = kind == K::Q ? e_.lora_group(layer_, {K::Q, K::K, K::V}) : e_.lora_group(layer_, {K::Gate, K::Up});
+      group16_ = group_ && e_.lora_group_forward(layer_, kind, group_, x, a_.t);  // left x's fp16 copy
+      t_ready = group_ > 0;
+      input16_ready = group16_;
+    } else if (kind == K::K || kind == K::V || kind == K::Up) {
+      const uint32_t index = static_cast<uint32_t>(kind) - static_cast<uint32_t>(first_);  // in its group
+      t_ready = group_ > index;
+      input16_ready = true;  // the group's first base product made the copy
+    }
+    e_.linear_forward(layer_, kind, x, y, a_.t, accumulate, t_ready, input16_ready);
+  }
+
+  void attention(const BlockActs& a) override {
+    const ModelConfig& c = e_.c_;
+    const uint32_t nh = static_cast<uint32_t>(c.num_heads), nkv = static_cast<uint32_t>(c.num_kv_heads),
+                   d = static_cast<uint32_t>(c.head_dim);
+    const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
+    if (e_.attention_ == Attention::flash) {
+      ops::flash_attention_forward(e_.ctx_, a.q, a.k, a.v, e_.segments_, a.att, a.lse, e_.batch_, e_.seq_, nh, nkv, d,
+                                   scale, {e_.flash_kernel_});
+    } else if (e_.attention_ == Attention::gemm) {
+      ops::AttentionGemmOptions ao{e_.options_.base_kernel};
+      ao.fused_forward = e_.fused_attention_forward_;
+      ops::attention_gemm_forward(e_.ctx_, a.q, a.k, a.v, e_.segments_, a.att, a.lse, e_.batch_, e_.seq_, nh, nkv, d,
+                                  scale, ao);
+    } else {
+      ops::attention_forward(e_.ctx_, a.q, a.k, a.v, e_.segments_, a.att, a.lse, e_.batch_, e_.seq_, nh, nkv, d, scale);
+    }
+  }
+
+  // A recomputation for the backward: of the down projection only its LoRA input t is needed.
+  void down_input(const gpu::Buffer& act) override {
+    if (const LoraSlot* s = e_.lora_.find(static_cast<int64_t>(layer_), LinearKind::Down))
+      e_.lora_input_forward(layer_, *s, act, a_.t);
+  }
+
+ private:
+  Transformer& e_;
+  size_t layer_;
+  LayerActs& a_;
+  LinearKind first_ = LinearKind::Q;  // the first projection of the current input group
+  uint32_t group_ = 0;                // its lora_group
+  bool group16_ = false;              // lora_group_forward left the input's fp16 copy
+};
+
 void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer* x_out) {
-  const BaseLayer& L = base_.layers[i];
-  const uint32_t T = tokens_, H = static_cast<uint32_t>(c_.hidden_size), I = static_cast<uint32_t>(c_.intermediate_size);
-  const uint32_t nh = static_cast<uint32_t>(c_.num_heads), nkv = static_cast<uint32_t>(c_.num_kv_heads),
-                 d = static_cast<uint32_t>(c_.head_dim);
-  const float eps = static_cast<float>(c_.rms_norm_eps);
-  using K = LinearKind;
-
-  ops::rmsnorm_forward(ctx_, x_in, L.input_norm, DType::f32, a.h1, a.rstd1, T, H, eps);
-  // The LoRA inputs t of projections that read the same input, in one product.
-  const uint32_t qkv = lora_group(i, {K::Q, K::K, K::V});
-  const bool qkv16 = qkv && lora_group_forward(i, K::Q, qkv, a.h1, a.t);  // left h1's fp16 copy
-  if (c_.qk_norm) {
-    linear_forward(i, K::Q, a.h1, a.q_raw, a.t, false, qkv > 0, qkv16);
-    linear_forward(i, K::K, a.h1, a.k_raw, a.t, false, qkv > 1, true);
-    ops::rmsnorm_forward(ctx_, a.q_raw, L.q_norm, DType::f32, a.q, a.rstd_q, T * nh, d, eps);
-    ops::rmsnorm_forward(ctx_, a.k_raw, L.k_norm, DType::f32, a.k, a.rstd_k, T * nkv, d, eps);
-  } else {
-    linear_forward(i, K::Q, a.h1, a.q, a.t, false, qkv > 0, qkv16);
-    linear_forward(i, K::K, a.h1, a.k, a.t, false, qkv > 1, true);
-  }
-  linear_forward(i, K::V, a.h1, a.v, a.t, false, qkv > 2, true);
-  ops::rope_forward(ctx_, a.q, positions_, base_.inv_freq, T, nh, d);
-  ops::rope_forward(ctx_, a.k, positions_, base_.inv_freq, T, nkv, d);
-  const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
-  if (attention_ == Attention::flash) {
-    ops::flash_attention_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d, scale,
-                                 {flash_kernel_});
-  } else if (attention_ == Attention::gemm) {
-    ops::AttentionGemmOptions ao{options_.base_kernel};
-    ao.fused_forward = fused_attention_forward_;
-    ops::attention_gemm_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d, scale, ao);
-  } else {
-    ops::attention_forward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, batch_, seq_, nh, nkv, d, scale);
-  }
-  ctx_.copy(x_in.slice(0, uint64_t(T) * H * 4), a.x2.slice(0, uint64_t(T) * H * 4));
-  linear_forward(i, K::O, a.att, a.x2, a.t, true);  // x2 = x + o_proj(att)
-
-  ops::rmsnorm_forward(ctx_, a.x2, L.post_norm, DType::f32, a.h2, a.rstd2, T, H, eps);
-  const uint32_t mlp = lora_group(i, {K::Gate, K::Up});
-  const bool mlp16 = mlp && lora_group_forward(i, K::Gate, mlp, a.h2, a.t);
-  linear_forward(i, K::Gate, a.h2, a.g, a.t, false, mlp > 0, mlp16);
-  linear_forward(i, K::Up, a.h2, a.u, a.t, false, mlp > 1, true);
-  ops::swiglu_forward(ctx_, a.g, a.u, a.act, uint64_t(T) * I);
-  if (x_out) {
-    ctx_.copy(a.x2.slice(0, uint64_t(T) * H * 4), x_out->slice(0, uint64_t(T) * H * 4));
-    linear_forward(i, K::Down, a.act, *x_out, a.t, true);  // x3 = x2 + mlp
-  } else if (const LoraSlot* s = lora_.find(static_cast<int64_t>(i), K::Down)) {
-    // Recomputation for the backward: only the down projection's LoRA input t is still needed.
-    lora_input_forward(i, *s, a.act, a.t);
-  }
+  ForwardSteps steps(*this, i, a);
+  block_forward(ctx_, base_, i, tokens_, positions_, x_in, a, x_out, steps);
 }
 
 void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer& dx) {
@@ -628,7 +614,7 @@ void Transformer::run(const TokenBatch& batch, float inv_n, const gpu::Buffer& l
   // The LoRA factors as this run's fp16 products read them (the optimizer changed them since).
   if (lora_f16_) ops::to_f16(ctx_, lora_.params(), lora16_, lora_.params().size / 4);
   ops::embedding_forward(ctx_, base_.embedding, base_.embed_dtype, ids_, x_[0], T, H, V);
-  for (size_t i = 0; i < L; ++i) layer_forward(i, x_[i], *acts_[checkpointing_ ? 0 : i], &x_[i + 1]);
+  for (size_t i = 0; i < L; ++i) layer_forward(i, x_[i], acts_[checkpointing_ ? 0 : i], &x_[i + 1]);
   ops::rmsnorm_forward(ctx_, x_[L], base_.final_norm, DType::f32, final_h_, final_rstd_, T, H,
                        static_cast<float>(c_.rms_norm_eps));
   ops::CrossEntropyOptions ce;
@@ -647,7 +633,7 @@ void Transformer::run(const TokenBatch& batch, float inv_n, const gpu::Buffer& l
   if (!backward) return;
   ops::rmsnorm_backward(ctx_, grad_->dh, x_[L], base_.final_norm, DType::f32, final_rstd_, grad_->dx, T, H, false);
   for (size_t i = L; i-- > 0;) {
-    LayerActs& a = *acts_[checkpointing_ ? 0 : i];
+    LayerActs& a = acts_[checkpointing_ ? 0 : i];
     if (checkpointing_) layer_forward(i, x_[i], a, nullptr);  // recompute what the backward needs
     layer_backward(i, x_[i], a, grad_->dx);
   }

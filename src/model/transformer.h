@@ -22,6 +22,7 @@
 
 #include "gpu/context.h"
 #include "model/base_weights.h"
+#include "model/block.h"
 #include "model/lora.h"
 #include "model/precision.h"
 #include "ops/flash_attention.h"
@@ -110,7 +111,8 @@ class Transformer {
   std::string fp16_range_report();
 
  private:
-  struct LayerActs;
+  using LayerActs = BlockActs;
+  class ForwardSteps;
   struct GradScratch;
   void upload_batch(const TokenBatch& b);
   void layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer* x_out);
@@ -203,7 +205,7 @@ class Transformer {
   gpu::Buffer ids_, targets_, positions_, segments_;
   // residual stream: x_[i] is the input of layer i, x_[L] the last layer's output
   std::vector<gpu::Buffer> x_;
-  std::vector<std::unique_ptr<LayerActs>> acts_;  // one per layer, or one shared when checkpointing
+  std::vector<LayerActs> acts_;  // one per layer, or one shared when checkpointing
   std::unique_ptr<GradScratch> grad_;
   gpu::Buffer final_h_, final_rstd_;
   // LoRA dropout: the micro-batch's key stream, whether this run applies it, and a scratch of
