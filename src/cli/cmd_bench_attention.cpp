@@ -1,8 +1,9 @@
 // forja bench attention: speed of the causal attention implementations, forward and backward
 // alone, at one shape (default: one sequence of 2048 tokens, 32 query heads, 8 kv heads, head_dim
 // 128, the issue-14 shape): flash (ops/flash_attention.h, on cooperative matrices where present),
-// fused (ops/attention_gemm.h with its fused forward kernel, where the device runs it), gemm (the
-// same with the forward through the GEMM kernels too) and tiled (ops/attention.h, fp32). Wall
+// fused (ops/attention_gemm.h with its fused forward kernel, where the device runs it),
+// fused-backward (its fused backward kernels too), gemm (the GEMM path with the forward through
+// the GEMM kernels too) and tiled (ops/attention.h, fp32). Wall
 // clock over back-to-back calls after a warm-up, best of several repetitions; TFLOP/s count the
 // causal half of the products as FlashAttention-2 does: forward 2, backward 5 products of
 // 2 B nh (S(S+1)/2) d.
@@ -34,7 +35,7 @@ struct AttnBenchOptions {
   uint32_t batch = 1, seq = 2048, heads = 32, kv_heads = 8, head_dim = 128;
   uint32_t block_q = 0, block_k = 0, dkdv_split = 0;
   int reps = 5, device = -1;
-  std::string impls = "flash,fused,gemm,tiled", flash_kernel = "automatic";
+  std::string impls = "flash,fused,fused-backward,gemm,tiled", flash_kernel = "automatic";
   bool packed = false;
 };
 
@@ -97,19 +98,26 @@ int run(const AttnBenchOptions& o) {
     std::stringstream ss(o.impls);
     std::string item;
     while (std::getline(ss, item, ','))
-      if (item == "flash" || item == "fused" || item == "gemm" || item == "tiled")
+      if (item == "flash" || item == "fused" || item == "fused-backward" || item == "gemm" || item == "tiled")
         impls.push_back(item);
       else
-        throw UserError("--impl: '" + item + "' is not flash, fused, gemm or tiled");
+        throw UserError("--impl: '" + item + "' is not flash, fused, fused-backward, gemm or tiled");
   }
-  ops::AttentionGemmOptions fused, unfused;
+  ops::AttentionGemmOptions fused, fused_backward, unfused;
+  fused_backward.fused_backward = true;
   unfused.fused_forward = false;
+  auto gemm_options = [&](const std::string& impl) {
+    return impl == "fused" ? fused : impl == "fused-backward" ? fused_backward : unfused;
+  };
+  auto on_gemm_path = [](const std::string& impl) {
+    return impl == "fused" || impl == "fused-backward" || impl == "gemm";
+  };
   auto forward = [&](const std::string& impl) {
     if (impl == "flash")
       ops::flash_attention_forward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, B, S, nh, nkv, d, scale, fo);
-    else if (impl == "fused" || impl == "gemm")
+    else if (on_gemm_path(impl))
       ops::attention_gemm_forward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, B, S, nh, nkv, d, scale,
-                                  impl == "fused" ? fused : unfused);
+                                  gemm_options(impl));
     else
       ops::attention_forward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, B, S, nh, nkv, d, scale);
   };
@@ -117,9 +125,9 @@ int run(const AttnBenchOptions& o) {
     if (impl == "flash")
       ops::flash_attention_backward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, g.dout, g.dq, g.dk, g.dv, B, S, nh, nkv,
                                     d, scale, fo);
-    else if (impl == "fused" || impl == "gemm")
+    else if (on_gemm_path(impl))
       ops::attention_gemm_backward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, g.dout, g.dq, g.dk, g.dv, B, S, nh, nkv,
-                                   d, scale);
+                                   d, scale, gemm_options(impl));
     else
       ops::attention_backward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, g.dout, g.dq, g.dk, g.dv, B, S, nh, nkv, d,
                               scale);
@@ -153,10 +161,11 @@ int run(const AttnBenchOptions& o) {
   const double product = 2.0 * B * nh * (0.5 * S * (S + 1.0)) * d;
   std::printf("forja bench attention on %s: B %u, S %u, %u query heads, %u kv heads, head_dim %u, %s\n",
               ctx->info().name.c_str(), B, S, nh, nkv, d, o.packed ? "4 packed documents per sequence" : "causal");
-  if (std::find(impls.begin(), impls.end(), "fused") != impls.end()) {
+  for (const char* impl : {"fused", "fused-backward"}) {
+    if (std::find(impls.begin(), impls.end(), impl) == impls.end()) continue;
     const std::string why = ops::attention_fused_forward_unsupported(*ctx, d);
-    std::printf("fused: %s\n", why.empty() ? "the fused forward kernel runs here" : ("not here: " + why).c_str());
-    if (!why.empty()) impls.erase(std::find(impls.begin(), impls.end(), "fused"));
+    std::printf("%s: %s\n", impl, why.empty() ? "the fused kernels run here" : ("not here: " + why).c_str());
+    if (!why.empty()) impls.erase(std::find(impls.begin(), impls.end(), impl));
   }
   if (std::find(impls.begin(), impls.end(), "flash") != impls.end()) {
     ops::FlashTiles t;
@@ -241,7 +250,7 @@ forja::cli::CommandRegistration reg{"bench-attention", 82, [](CLI::App& app) {
   cmd->add_option("--heads", o->heads, "Query heads");
   cmd->add_option("--kv-heads", o->kv_heads, "Key/value heads");
   cmd->add_option("--head-dim", o->head_dim, "Head dimension");
-  cmd->add_option("--impl", o->impls, "Comma-separated implementations: flash, fused, gemm, tiled");
+  cmd->add_option("--impl", o->impls, "Comma-separated implementations: flash, fused, fused-backward, gemm, tiled");
   cmd->add_option("--flash-kernel", o->flash_kernel, "flash's kernel: automatic, coopmat, emulated, f32");
   cmd->add_option("--block-q", o->block_q, "flash's query rows per tile (0: automatic)");
   cmd->add_option("--block-k", o->block_k, "flash's keys per tile (0: automatic)");

@@ -105,6 +105,8 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   fused_attention_forward_ = attention_ == Attention::gemm && options.base_kernel != ops::GemmKernel::coopmat_emulated &&
                              options.base_kernel != ops::GemmKernel::scalar &&
                              ops::attention_fused_forward_supported(ctx, static_cast<uint32_t>(c_.head_dim));
+  // The fused backward only where asked for until it is measured (ops::AttentionGemmOptions).
+  fused_attention_backward_ = fused_attention_forward_ && gpu::env_flag("FORJA_FUSED_ATTENTION_BACKWARD");
   using Nf4Products = TransformerOptions::Nf4Products;
   const bool dequantize = options.precision == Precision::mixed && options.nf4_products != Nf4Products::fused;
   max_tokens_ = max_batch * max_seq;
@@ -575,15 +577,18 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
   // Attention: x2 = x + o_proj(att)
   linear_backward(i, K::O, a.att, a.t, dx, g.datt, false);
   const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
-  if (attention_ == Attention::flash)
+  if (attention_ == Attention::flash) {
     ops::flash_attention_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_,
                                   seq_, nh, nkv, d, scale, {flash_kernel_});
-  else if (attention_ == Attention::gemm)
+  } else if (attention_ == Attention::gemm) {
+    ops::AttentionGemmOptions ao{options_.base_kernel};
+    ao.fused_backward = fused_attention_backward_;
     ops::attention_gemm_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_,
-                                 nh, nkv, d, scale, {options_.base_kernel});
-  else
+                                 nh, nkv, d, scale, ao);
+  } else {
     ops::attention_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_, nh,
                             nkv, d, scale);
+  }
   ops::rope_backward(ctx_, g.dq, positions_, base_.inv_freq, T, nh, d);
   ops::rope_backward(ctx_, g.dk, positions_, base_.inv_freq, T, nkv, d);
   gpu::Buffer dq = g.dq, dk = g.dk;

@@ -185,6 +185,7 @@ class Transformer {
   TransformerOptions::Attention attention_ = TransformerOptions::Attention::tiled;
   ops::FlashKernel flash_kernel_ = ops::FlashKernel::automatic;
   bool fused_attention_forward_ = false;  // attention gemm: its forward as one fused kernel
+  bool fused_attention_backward_ = false;  // and its backward as fused kernels
   gpu::Buffer input16_;  // fp16 copy of a base product's input (TransformerOptions::fp16_input_copies)
   gpu::Buffer input16_source_;  // what input16_ holds a copy of (base_input), and its width
   uint32_t input16_cols_ = 0, input16_ld_ = 0;

@@ -178,6 +178,96 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
   for (const gpu::Buffer& b : {q16, k16, v16}) ctx.free(b);
 }
 
+// ---- the fused backward (kernels/flash_backward_khr.comp) ----
+// Must match PC in kernels/flash_backward_khr.comp.
+struct FusedBackwardPush {
+  uint32_t seq, n_heads, n_kv_heads, head_dim;
+  float scale;
+  uint32_t seg_off, lse_off, drow_off, out_off;
+};
+static_assert(kernels::push_block_matches<FusedBackwardPush>(kernels::flash_bwd_dq_khr, kernels::flash_bwd_dk_khr,
+                                                             kernels::flash_bwd_dv_khr),
+              "FusedBackwardPush differs from kernels/flash_backward_khr.comp's push-constant block");
+// Must match PC in kernels/attention_row_dot.comp.
+struct RowDotPush {
+  uint32_t rows, n_heads, head_dim, seq;
+  uint32_t out_off, dout_off, drow_off;
+};
+static_assert(kernels::push_block_matches<RowDotPush>(kernels::attention_row_dot),
+              "RowDotPush differs from kernels/attention_row_dot.comp's push-constant block");
+// dq: 8 subgroups (128 query rows) against 32-key tiles; dk and dv: 4 subgroups (64 keys) against
+// 32-query tiles. Chosen by register count (dk holds k, v, dk and two tiles of scores), not yet
+// by measurement.
+constexpr uint32_t kBwdDqWarps = 8, kBwdDqKeys = 32, kBwdKvWarps = 4, kBwdKvQueries = 32;
+
+void row_dot(gpu::Context& ctx, const Dims& m, uint32_t nb, const Bound& out, const Bound& dout, const Bound& drow) {
+  const uint32_t rows = nb * m.seq * m.nh;
+  const RowDotPush push{rows, m.nh, m.d, m.seq, out.offset, dout.offset, drow.offset};
+  ctx.dispatch(ctx.pipelines().get(kernels::attention_row_dot),
+               {{out.buffer, gpu::Access::read}, {dout.buffer, gpu::Access::read}, {drow.buffer, gpu::Access::write}},
+               push, static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t(rows) + 255) / 256, 1, kMaxGroups)), 1, 1,
+               "attention_row_dot", 2.0 * rows * m.d);
+}
+
+// The backward as three kernels per group of sequences, on fp16 copies of q, k, v and dout that
+// keep their [tokens, heads, d] layout, after D = rowsum(dout * out) (attention_row_dot.comp).
+void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const gpu::Buffer& k,
+                    const gpu::Buffer& v, const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
+                    const gpu::Buffer& dout, const gpu::Buffer& dq, const gpu::Buffer& dk, const gpu::Buffer& dv,
+                    float scale) {
+  const AccumulatorLayout& layout = accumulator_layout(ctx);
+  auto pipeline = [&](const kernels::Kernel& kernel, uint32_t warps, uint32_t tile) -> const gpu::Pipeline& {
+    return ctx.pipelines().get(kernel, {warps * 32, warps, tile, m.d, layout.row_shift, layout.col_shift});
+  };
+  const gpu::Pipeline& p_dq = pipeline(kernels::flash_bwd_dq_khr, kBwdDqWarps, kBwdDqKeys);
+  const gpu::Pipeline& p_dk = pipeline(kernels::flash_bwd_dk_khr, kBwdKvWarps, kBwdKvQueries);
+  const gpu::Pipeline& p_dv = pipeline(kernels::flash_bwd_dv_khr, kBwdKvWarps, kBwdKvQueries);
+  const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_backward", m);
+  const uint32_t group = std::min(per, m.batch);
+  gpu::Buffer q16 = alloc_f16(ctx, group * m.q_seq(), "attention q fp16");
+  gpu::Buffer k16 = alloc_f16(ctx, group * m.kv_seq(), "attention k fp16");
+  gpu::Buffer v16 = alloc_f16(ctx, group * m.kv_seq(), "attention v fp16");
+  gpu::Buffer do16 = alloc_f16(ctx, group * m.q_seq(), "attention dout fp16");
+  gpu::Buffer drow = ctx.alloc(group * m.stat_seq() * 4, "attention D = rowsum(dout * out)");
+  const uint32_t q_width = m.nh * m.d, kv_width = m.nkv * m.d;
+  const double pairs = 0.5 * m.seq * (m.seq + 1.0);  // causal (query, key) pairs per head
+  for (uint32_t b0 = 0; b0 < m.batch; b0 += per) {
+    const uint32_t nb = std::min(per, m.batch - b0), tokens = nb * m.seq;
+    to_f16_block(ctx, q, uint64_t(b0) * m.q_seq(), q_width, q16, 0, q_width, tokens, q_width, q_width);
+    to_f16_block(ctx, k, uint64_t(b0) * m.kv_seq(), kv_width, k16, 0, kv_width, tokens, kv_width, kv_width);
+    to_f16_block(ctx, v, uint64_t(b0) * m.kv_seq(), kv_width, v16, 0, kv_width, tokens, kv_width, kv_width);
+    to_f16_block(ctx, dout, uint64_t(b0) * m.q_seq(), q_width, do16, 0, q_width, tokens, q_width, q_width);
+    const AttentionBindings f = bind_attention(ctx, m, b0, nb, q, k, v, segments, out, lse);
+    const Bound bdout = bind_elements(ctx, dout, b0 * m.q_seq(), nb * m.q_seq());
+    const Bound bdrow = bind_elements(ctx, drow, 0, nb * m.stat_seq());
+    row_dot(ctx, m, nb, f.out, bdout, bdrow);
+    auto run = [&](const gpu::Pipeline& p, const Bound& grad, uint32_t rows_per_group, uint32_t heads,
+                   double products, const char* op) {
+      const FusedBackwardPush push{m.seq, m.nh, m.nkv, m.d, scale, f.segments.offset, f.lse.offset, bdrow.offset,
+                                   grad.offset};
+      ctx.dispatch(p,
+                   {{q16, gpu::Access::read},
+                    {k16, gpu::Access::read},
+                    {v16, gpu::Access::read},
+                    {do16, gpu::Access::read},
+                    {f.segments.buffer, gpu::Access::read},
+                    {f.lse.buffer, gpu::Access::read},
+                    {bdrow.buffer, gpu::Access::read},
+                    {grad.buffer, gpu::Access::write}},
+                   push, (m.seq + rows_per_group - 1) / rows_per_group, heads, nb, op,
+                   products * 2.0 * nb * m.nh * pairs * m.d);
+    };
+    // dq: S, dP, dS K; dk: S^T, dP^T, dS^T Q; dv: S^T, P^T dout (products per visible pair).
+    run(p_dq, bind_elements(ctx, dq, b0 * m.q_seq(), nb * m.q_seq()), kBwdDqWarps * 16, m.nh, 3,
+        "attention_fused_backward_dq");
+    run(p_dk, bind_elements(ctx, dk, b0 * m.kv_seq(), nb * m.kv_seq()), kBwdKvWarps * 16, m.nkv, 3,
+        "attention_fused_backward_dk");
+    run(p_dv, bind_elements(ctx, dv, b0 * m.kv_seq(), nb * m.kv_seq()), kBwdKvWarps * 16, m.nkv, 2,
+        "attention_fused_backward_dv");
+  }
+  for (const gpu::Buffer& b : {q16, k16, v16, do16, drow}) ctx.free(b);
+}
+
 // One query chunk: rows [c0, c0 + rows) of a sequence against keys [0, keys), keys = c0 + rows.
 struct Chunk {
   uint32_t c0, rows, keys, ldp;
@@ -222,6 +312,22 @@ uint64_t attention_gemm_scratch_bytes(uint32_t seq, uint32_t n_heads, uint32_t h
   const uint64_t chunk = uint64_t(n_heads) * chunk_rows * round_up8(seq);
   // q, k, v, dout in fp16; dk, dv per query head in fp32; scores and dP fp32, P and dS fp16.
   return 4 * heads * 2 + 2 * heads * 4 + chunk * (4 + 4 + 2 + 2);
+}
+
+void attention_row_dot(gpu::Context& ctx, const gpu::Buffer& out, const gpu::Buffer& dout, const gpu::Buffer& drow,
+                       uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t head_dim) {
+  const Dims m{batch, seq, n_heads, n_heads, head_dim};
+  if (batch == 0 || seq == 0) return;
+  check_attention_buffer("attention_row_dot", "out", out, m.q_seq() * batch);
+  check_attention_buffer("attention_row_dot", "dout", dout, m.q_seq() * batch);
+  check_attention_buffer("attention_row_dot", "drow", drow, m.stat_seq() * batch);
+  const uint32_t per = sequences_per_dispatch(ctx, "attention_row_dot", m);
+  for (uint32_t b0 = 0; b0 < batch; b0 += per) {
+    const uint32_t nb = std::min(per, batch - b0);
+    row_dot(ctx, m, nb, bind_elements(ctx, out, b0 * m.q_seq(), nb * m.q_seq()),
+            bind_elements(ctx, dout, b0 * m.q_seq(), nb * m.q_seq()),
+            bind_elements(ctx, drow, b0 * m.stat_seq(), nb * m.stat_seq()));
+  }
 }
 
 std::string attention_fused_forward_unsupported(gpu::Context& ctx, uint32_t head_dim) {
@@ -304,6 +410,8 @@ void attention_gemm_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu:
   check(ctx, op, m, o);
   check_attention_operands(op, m, q, k, v, segments, out, lse);
   check_attention_gradients(op, m, dout, dq, dk, dv);
+  if (o.fused_backward && attention_fused_forward_supported(ctx, head_dim))
+    return fused_backward(ctx, m, q, k, v, segments, out, lse, dout, dq, dk, dv, scale);
 
   const uint32_t C = attention_gemm_chunk_rows(ctx, seq, n_heads, o);
   const uint64_t chunk_elems = uint64_t(n_heads) * C * round_up8(seq);

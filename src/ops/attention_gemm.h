@@ -40,6 +40,11 @@ struct AttentionGemmOptions {
   // attention_fused_forward_supported says so; the backward is the same either way (it needs
   // only out and lse).
   bool fused_forward = true;
+  // The backward as three fused kernels (kernels/flash_backward_khr.comp: dq per query tile, dk
+  // and dv per key tile summing a kv head's query heads; P recomputed from lse in registers)
+  // where attention_fused_forward_supported says so (the same device features). Off by default
+  // until it is measured on a GPU (FORJA_FUSED_ATTENTION_BACKWARD=1 turns it on in training).
+  bool fused_backward = false;
 };
 
 // Empty when the fused forward runs head_dim on this device, else why not: it needs KHR
@@ -52,6 +57,11 @@ std::string attention_fused_forward_unsupported(gpu::Context& ctx, uint32_t head
 inline bool attention_fused_forward_supported(gpu::Context& ctx, uint32_t head_dim) {
   return attention_fused_forward_unsupported(ctx, head_dim).empty();
 }
+
+// drow [B, nh, S] = rowsum(dout * out) of each (token, head) row of out and dout (fp32
+// [B*S, nh, d]): the fused backward's D (kernels/attention_row_dot.comp).
+void attention_row_dot(gpu::Context& ctx, const gpu::Buffer& out, const gpu::Buffer& dout, const gpu::Buffer& drow,
+                       uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t head_dim);
 
 // Query rows per chunk for this shape (at least 1, at most seq): options.chunk_rows, else as
 // many whole 16-row tiles as fit min(scratch_budget, max_binding_bytes).

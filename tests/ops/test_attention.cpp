@@ -1,5 +1,5 @@
 // Causal GQA attention, the fp32 tiled kernels (ops/attention.h) and the mixed-precision path
-// through the GEMM kernels (ops/attention_gemm.h, with and without its fused forward), against the double-precision reference
+// through the GEMM kernels (ops/attention_gemm.h, with and without its fused forward and backward), against the double-precision reference
 // (ops/ref/attention_ref.h): forward output and lse, backward dq/dk/dv, on awkward shapes (S not
 // a multiple of the tiles, head_dim 6 to 128, GQA ratios 3 and 2), with plain causal masks and
 // with packed segments that include padding rows. Sentinels after every output catch writes past
@@ -48,15 +48,17 @@ struct Impl {
   bool gemm = false;
   ops::GemmKernel kernel = ops::GemmKernel::automatic;
   uint32_t chunk_rows = 0;
-  bool fused_forward = false;  // the GEMM path's fused forward kernel (where the device runs it)
+  bool fused_forward = false;   // the GEMM path's fused forward kernel (where the device runs it)
+  bool fused_backward = false;  // and its fused backward kernels
   std::string name() const {
     return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) +
-                      (fused_forward ? " fused forward" : "")
+                      (fused_forward ? " fused forward" : "") + (fused_backward ? " fused backward" : "")
                 : "tiled";
   }
   ops::AttentionGemmOptions options() const {
     ops::AttentionGemmOptions o{kernel, chunk_rows};
     o.fused_forward = fused_forward;
+    o.fused_backward = fused_backward;
     return o;
   }
 };
@@ -224,6 +226,44 @@ TEST_F(AttentionTest, FusedForwardMatchesReference) {
   }
   EXPECT_FALSE(ops::attention_fused_forward_supported(ctx(), 8));
   EXPECT_FALSE(ops::attention_fused_forward_supported(ctx(), 144));
+}
+
+// The fused backward kernels (kernels/flash_backward_khr.comp) on the fused forward's out and lse,
+// where the device runs them (NVIDIA): dq in tiles of 128 query rows against 32-key tiles, dk and
+// dv in tiles of 64 keys against 32-query tiles; sequences shorter than, equal to and beyond them
+// with ragged ends, GQA 1 to 6; causal and packed.
+TEST_F(AttentionTest, FusedBackwardMatchesReference) {
+  const std::string why = ops::attention_fused_forward_unsupported(ctx(), 64);
+  if (!why.empty()) GTEST_SKIP() << "no fused attention kernels here: " << why;
+  const Shape shapes[] = {{2, 7, 4, 2, 16},   {2, 65, 4, 2, 128}, {1, 64, 3, 1, 64}, {2, 130, 6, 1, 64},
+                          {1, 200, 4, 2, 128}, {1, 256, 8, 2, 128}, {3, 33, 2, 2, 32}};
+  Impl fused{true, ops::GemmKernel::automatic, 0, true};
+  fused.fused_backward = true;
+  for (const Shape& s : shapes) {
+    check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
+    check(s, packed_segments(s, rng_), fused);
+  }
+}
+
+// D = rowsum(dout * out), the fused backward's statistic (kernels/attention_row_dot.comp), on any
+// device: [B*S, nh, d] rows into [B, nh, S].
+TEST_F(AttentionTest, RowDotMatchesReference) {
+  const Shape shapes[] = {{2, 7, 3, 3, 16}, {1, 65, 4, 4, 128}, {3, 5, 2, 2, 6}, {1, 1, 1, 1, 1}};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(s.name());
+    const size_t rows = size_t(s.batch) * s.seq * s.nh, n = rows * s.d;
+    const auto out = random(n), dout = random(n);
+    auto gout = upload(out), gdo = upload(dout), gd = output(rows);
+    ops::attention_row_dot(ctx(), gout, gdo, gd, s.batch, s.seq, s.nh, s.d);
+    std::vector<double> want(rows);
+    for (size_t r = 0; r < rows; ++r) {
+      double sum = 0;
+      for (uint32_t c = 0; c < s.d; ++c) sum += double(out[r * s.d + c]) * dout[r * s.d + c];
+      const size_t token = r / s.nh, h = r % s.nh, b = token / s.seq, i = token % s.seq;
+      want[(b * s.nh + h) * s.seq + i] = sum;
+    }
+    expect_close("drow", result(gd, rows), want, 1e-5);
+  }
 }
 
 TEST_F(AttentionTest, GemmPathChunkRowsFollowTheBudget) {

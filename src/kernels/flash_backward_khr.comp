@@ -1,0 +1,327 @@
+#version 450
+// The attention backward of mixed precision fused into three kernels (ops/attention_gemm.h: the
+// GEMM path's backward where AttentionGemmOptions::fused_backward asks for it), the companion of
+// flash_forward_khr.comp: the same subgroup-scope cooperative matrices (GL_KHR_cooperative_matrix,
+// 16x16x16 fp16 with fp32 accumulation), the same accumulator lane pattern (ROW_SHIFT and
+// COL_SHIFT from the host's probe), the same conversion of accumulators into A fragments
+// (GL_NV_cooperative_matrix2). FlashAttention-2 structure: P is recomputed from q, k and the
+// forward's lse per tile and never stored; dS = P (dP - D) with D = rowsum(dout * out) made
+// beforehand (attention_row_dot.comp).
+//
+//   DQ  one workgroup per (BR = 16 x WARPS query rows, head, sequence); each subgroup holds its 16
+//       rows of q and dout as A fragments and dq as accumulators; per key tile of BC keys (K and V
+//       staged in shared memory): S = q K^T, dP = dout V^T, dS in registers, dq += dS K.
+//   DK  one workgroup per (BK = 16 x WARPS keys, kv head, sequence); keys are the rows: each
+//       subgroup holds its 16 keys of k and v as A fragments and dk as accumulators; for every
+//       query head of the kv head and every query tile of BQ rows (q, dout, lse and D staged):
+//       S^T = k Q^T, dP^T = v dout^T, dS^T in registers, dk += dS^T Q. The query heads of a kv
+//       head are summed here (GQA), so nothing is written twice and no atomics are needed.
+//   DV  as DK with only k: S^T = k Q^T, P^T in registers, dv += P^T dout.
+// Every reduction runs along the product's K dimension (keys for dq, queries for dk and dv), so
+// no lane exchanges anything outside the cooperative-matrix products.
+//
+// Mask as the forward: query i sees key j iff j <= i and seg[j] == seg[i] != 0; tiles with no
+// visible pair are skipped; masked pairs get P = 0 exactly. Scores are in log2 units (scale *
+// log2(e) folded in, exp2 against lse * log2(e)). dq, dk, dv are written (=), times scale, fp32
+// [tokens, heads, d]; rows past the sequence are not written.
+//
+// Specialization constants: 0 workgroup size (32 x WARPS), 1 WARPS, 2 BT (BC keys per tile for
+// DQ; BQ queries per tile for DK and DV), 3 HD (= head_dim, a multiple of 16 up to 128), 4
+// ROW_SHIFT, 5 COL_SHIFT (the accumulator's element order, as flash_forward_khr.comp).
+//! variant flash_bwd_dq_khr -DDQ requires=nv_coopmat2
+//! variant flash_bwd_dk_khr -DDK requires=nv_coopmat2
+//! variant flash_bwd_dv_khr -DDV requires=nv_coopmat2
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_NV_cooperative_matrix2 : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_vote : require
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint WARPS = 8;
+layout(constant_id = 2) const uint BT = 32;
+layout(constant_id = 3) const uint HD = 128;
+layout(constant_id = 4) const uint ROW_SHIFT = 2;
+layout(constant_id = 5) const uint COL_SHIFT = 1;
+
+layout(push_constant) uniform PC {
+  uint seq, n_heads, n_kv_heads, head_dim;
+  float scale;
+  uint seg_off, lse_off, drow_off, out_off;  // element offsets in their bindings
+} pc;
+
+// fp16 copies [tokens, heads, d] (ops::to_f16_block), 8 halves per uvec4, from their start.
+layout(set = 0, binding = 0) readonly buffer Q { uvec4 q8[]; };
+layout(set = 0, binding = 1) readonly buffer K { uvec4 k8[]; };
+layout(set = 0, binding = 2) readonly buffer V { uvec4 v8[]; };
+layout(set = 0, binding = 3) readonly buffer DO { uvec4 do8[]; };
+layout(set = 0, binding = 4) readonly buffer Seg { int seg[]; };
+layout(set = 0, binding = 5) readonly buffer Lse { float lse[]; };   // [B, nh, S], natural log
+layout(set = 0, binding = 6) readonly buffer Drow { float drow[]; };  // [B, nh, S], rowsum(dout * out)
+layout(set = 0, binding = 7) writeonly buffer Out { float o[]; };    // dq, dk or dv
+
+#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define FRAG_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+
+#define LOG2E 1.4426950408889634
+
+const uint NT = 32u * WARPS;
+const uint ROWS = 16u * WARPS;  // the workgroup's rows: queries (DQ) or keys (DK, DV)
+const uint HF = HD / 16u;       // fragments across head_dim
+const uint NF = BT / 16u;       // fragments across a tile
+const uint CH = HD / 8u;        // uvec4 chunks (8 halves) per staged row
+const uint LD = CH + 1u;        // staged row stride in uvec4: one chunk of padding against bank conflicts
+const uint TILE = BT * LD;
+const uint SH_SIZE = 2u * TILE > ROWS * LD ? 2u * TILE : ROWS * LD;
+
+shared uvec4 sh[SH_SIZE];  // before the loop: the workgroup's own rows; in it: two tiles at 0 and TILE
+shared int sseg[BT];       // the tile's segment ids
+#if !defined(DQ)
+shared float slse[BT];  // the query tile's lse * log2(e)
+shared float sdrow[BT];  // and its D
+#endif
+
+// Rows [row0, row0 + rows) of the head whose token-0 row starts at half `first` of an fp16
+// [tokens, heads, HD] tensor with `ld` halves per token, copied to sh[at...] (rows of LD chunks);
+// rows past the sequence are zero.
+#define STAGE(BUF, at, row0, rows, first, ld)                                                        \
+  for (uint x = gl_LocalInvocationIndex; x < (rows) * CH; x += NT) {                                 \
+    const uint r = x / CH, c = x % CH;                                                              \
+    sh[(at) + r * LD + c] = (row0) + r < pc.seq ? BUF[((first) + ((row0) + r) * (ld)) / 8u + c] : uvec4(0u); \
+  }
+
+// The range of the nonzero segment ids of positions [first, first + count) (lo > hi when there
+// is none) and whether any is padding or past the sequence; the same in every subgroup.
+void segment_range(uint sbase, uint first, uint count, out int lo, out int hi, out bool gap) {
+  int l = 0x7fffffff, h = -0x7fffffff - 1;
+  bool z = false;
+  for (uint i = gl_SubgroupInvocationID; i < count; i += gl_SubgroupSize) {
+    const uint p = first + i;
+    const int s = p < pc.seq ? seg[sbase + p] : 0;
+    if (s == 0) {
+      z = true;
+    } else {
+      l = min(l, s);
+      h = max(h, s);
+    }
+  }
+  lo = subgroupMin(l);
+  hi = subgroupMax(h);
+  gap = subgroupAny(z);
+}
+
+// Column of element i of this lane in a 16-wide fragment (the probe's layout).
+uint lane_col(uint lane, uint i) { return 2u * (lane & 3u) + (i & 1u) + 8u * ((i >> COL_SHIFT) & 1u); }
+
+void main() {
+  const uint wt = gl_WorkGroupID.x, b = gl_WorkGroupID.z;
+  const uint warp = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+  const uint nh = pc.n_heads, nkv = pc.n_kv_heads, d = pc.head_dim, rep = nh / nkv;
+  const uint tok0 = b * pc.seq, sbase = pc.seg_off + tok0;
+  const float s2 = pc.scale * float(LOG2E);
+  const uint r0 = wt * ROWS, rw = r0 + warp * 16u;  // the workgroup's and the subgroup's first row
+  // This lane's two rows (the accumulator layout): rw + lane/4 and that + 8.
+  const uint row[2] = {rw + (lane >> 2u), rw + (lane >> 2u) + 8u};
+  int rseg[2];
+  [[unroll]] for (uint hh = 0u; hh < 2u; ++hh) rseg[hh] = row[hh] < pc.seq ? seg[sbase + row[hh]] : 0;
+  int rlo, rhi;
+  bool rgap;
+  segment_range(sbase, r0, ROWS, rlo, rhi, rgap);
+
+  FRAG_C acc[HF];
+  [[unroll]] for (uint f = 0u; f < HF; ++f) acc[f] = FRAG_C(0.0);
+
+#if defined(DQ)
+  // ---- dq: rows are queries of head h -------------------------------------------------------
+  const uint h = gl_WorkGroupID.y, g = h / rep;
+  const uint q_first = (tok0 * nh + h) * d, k_first = (tok0 * nkv + g) * d;
+  const uint stat = (b * nh + h) * pc.seq;
+  FRAG_A qa[HF], da[HF];
+  STAGE(q8, 0u, r0, ROWS, q_first, nh * d);
+  barrier();
+  [[unroll]] for (uint k = 0u; k < HF; ++k)
+    coopMatLoad(qa[k], sh, warp * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutRowMajor);
+  barrier();
+  STAGE(do8, 0u, r0, ROWS, q_first, nh * d);
+  barrier();
+  [[unroll]] for (uint k = 0u; k < HF; ++k)
+    coopMatLoad(da[k], sh, warp * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutRowMajor);
+  float lse2[2], dd[2];
+  [[unroll]] for (uint hh = 0u; hh < 2u; ++hh) {
+    const bool inside = row[hh] < pc.seq;
+    lse2[hh] = inside ? lse[pc.lse_off + stat + row[hh]] * float(LOG2E) : 0.0;
+    dd[hh] = inside ? drow[pc.drow_off + stat + row[hh]] : 0.0;
+  }
+
+  const uint r_end = min(pc.seq, r0 + ROWS);
+  const uint tiles = (r_end + BT - 1u) / BT;
+  for (uint j = 0u; j < tiles; ++j) {
+    const uint c0 = j * BT;  // the key tile's first key
+    int clo, chi;
+    bool cgap;
+    segment_range(sbase, c0, BT, clo, chi, cgap);
+    if (chi < rlo || clo > rhi) continue;  // no visible pair (the same decision in every subgroup)
+    barrier();                             // every subgroup is done with the previous tile
+    STAGE(k8, 0u, c0, BT, k_first, nkv * d);
+    STAGE(v8, TILE, c0, BT, k_first, nkv * d);
+    for (uint c = gl_LocalInvocationIndex; c < BT; c += NT) sseg[c] = c0 + c < pc.seq ? seg[sbase + c0 + c] : 0;
+    barrier();
+    if (c0 > rw + 15u) continue;  // every key of the tile is after this subgroup's last query
+    const bool full = !rgap && !cgap && rlo == rhi && clo == chi && rlo == clo && c0 + BT <= rw + 1u;
+
+    // S = q K^T and dP = dout V^T: K and V are staged [key][d], so K^T and V^T are their
+    // column-major readings.
+    FRAG_C s[NF], dp[NF];
+    [[unroll]] for (uint n = 0u; n < NF; ++n) {
+      s[n] = FRAG_C(0.0);
+      dp[n] = FRAG_C(0.0);
+      [[unroll]] for (uint k = 0u; k < HF; ++k) {
+        FRAG_B kb, vb;
+        coopMatLoad(kb, sh, n * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutColumnMajor);
+        coopMatLoad(vb, sh, TILE + n * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutColumnMajor);
+        s[n] = coopMatMulAdd(qa[k], kb, s[n]);
+        dp[n] = coopMatMulAdd(da[k], vb, dp[n]);
+      }
+    }
+    // dS = P (dP - D), P = exp2(S s2 - lse2) on this lane's elements, 0 where masked.
+    [[unroll]] for (uint n = 0u; n < NF; ++n) {
+      [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+        const uint hh = (i >> ROW_SHIFT) & 1u;
+        bool visible = true;
+        if (!full) {
+          const uint c = n * 16u + lane_col(lane, i);
+          visible = c0 + c <= row[hh] && row[hh] < pc.seq && rseg[hh] != 0 && sseg[c] == rseg[hh];
+        }
+        const float p = visible ? exp2(s[n][i] * s2 - lse2[hh]) : 0.0;
+        s[n][i] = p * (dp[n][i] - dd[hh]);
+      }
+    }
+    // dq += dS K: dS (rounded to fp16 by the conversion) as A fragments, K staged row-major.
+    FRAG_A dsa[NF];
+    [[unroll]] for (uint n = 0u; n < NF; ++n) dsa[n] = FRAG_A(s[n]);
+    [[unroll]] for (uint f = 0u; f < HF; ++f) {
+      [[unroll]] for (uint n = 0u; n < NF; ++n) {
+        FRAG_B kb;
+        coopMatLoad(kb, sh, n * 16u * LD + 2u * f, LD, gl_CooperativeMatrixLayoutRowMajor);
+        acc[f] = coopMatMulAdd(dsa[n], kb, acc[f]);
+      }
+    }
+  }
+  const uint out_first = pc.out_off + (tok0 * nh + h) * d, out_ld = nh * d;
+
+#else
+  // ---- dk, dv: rows are keys of kv head g ---------------------------------------------------
+  const uint g = gl_WorkGroupID.y;
+  const uint k_first = (tok0 * nkv + g) * d;
+  FRAG_A ka[HF];
+  STAGE(k8, 0u, r0, ROWS, k_first, nkv * d);
+  barrier();
+  [[unroll]] for (uint k = 0u; k < HF; ++k)
+    coopMatLoad(ka[k], sh, warp * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutRowMajor);
+#if defined(DK)
+  FRAG_A va[HF];
+  barrier();
+  STAGE(v8, 0u, r0, ROWS, k_first, nkv * d);
+  barrier();
+  [[unroll]] for (uint k = 0u; k < HF; ++k)
+    coopMatLoad(va[k], sh, warp * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutRowMajor);
+#endif
+
+  for (uint hq = 0u; hq < rep; ++hq) {
+    const uint h = g * rep + hq;
+    const uint q_first = (tok0 * nh + h) * d;
+    const uint stat = (b * nh + h) * pc.seq;
+    // Query tiles from the one that holds the workgroup's first key (earlier queries see none).
+    for (uint c0 = r0 / BT * BT; c0 < pc.seq; c0 += BT) {
+      int clo, chi;
+      bool cgap;
+      segment_range(sbase, c0, BT, clo, chi, cgap);
+      if (chi < rlo || clo > rhi) continue;  // no visible pair (the same decision in every subgroup)
+      barrier();                             // every subgroup is done with the previous tile
+      STAGE(q8, 0u, c0, BT, q_first, nh * d);
+      STAGE(do8, TILE, c0, BT, q_first, nh * d);
+      for (uint c = gl_LocalInvocationIndex; c < BT; c += NT) {
+        const bool inside = c0 + c < pc.seq;
+        sseg[c] = inside ? seg[sbase + c0 + c] : 0;
+        slse[c] = inside ? lse[pc.lse_off + stat + c0 + c] * float(LOG2E) : 0.0;
+        sdrow[c] = inside ? drow[pc.drow_off + stat + c0 + c] : 0.0;
+      }
+      barrier();
+      if (c0 + BT <= rw) continue;  // every query of the tile is before this subgroup's first key
+      const bool full = !rgap && !cgap && rlo == rhi && clo == chi && rlo == clo && c0 >= rw + 15u;
+
+      // S^T = k Q^T (and for dk dP^T = v dout^T): Q and dout are staged [query][d], so Q^T and
+      // dout^T are their column-major readings.
+      FRAG_C s[NF];
+#if defined(DK)
+      FRAG_C dp[NF];
+#endif
+      [[unroll]] for (uint n = 0u; n < NF; ++n) {
+        s[n] = FRAG_C(0.0);
+#if defined(DK)
+        dp[n] = FRAG_C(0.0);
+#endif
+        [[unroll]] for (uint k = 0u; k < HF; ++k) {
+          FRAG_B qb;
+          coopMatLoad(qb, sh, n * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutColumnMajor);
+          s[n] = coopMatMulAdd(ka[k], qb, s[n]);
+#if defined(DK)
+          FRAG_B db;
+          coopMatLoad(db, sh, TILE + n * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutColumnMajor);
+          dp[n] = coopMatMulAdd(va[k], db, dp[n]);
+#endif
+        }
+      }
+      // P^T = exp2(S^T s2 - lse2[query]), 0 where masked; dk: dS^T = P^T (dP^T - D[query]).
+      [[unroll]] for (uint n = 0u; n < NF; ++n) {
+        [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+          const uint hh = (i >> ROW_SHIFT) & 1u;
+          const uint c = n * 16u + lane_col(lane, i);
+          bool visible = true;
+          if (!full) visible = row[hh] <= c0 + c && c0 + c < pc.seq && rseg[hh] != 0 && sseg[c] == rseg[hh];
+          const float p = visible ? exp2(s[n][i] * s2 - slse[c]) : 0.0;
+#if defined(DK)
+          s[n][i] = p * (dp[n][i] - sdrow[c]);
+#else
+          s[n][i] = p;
+#endif
+        }
+      }
+      // dk += dS^T Q, dv += P^T dout: the left factor (rounded to fp16 by the conversion) as A
+      // fragments, Q or dout staged row-major.
+      FRAG_A pa[NF];
+      [[unroll]] for (uint n = 0u; n < NF; ++n) pa[n] = FRAG_A(s[n]);
+#if defined(DK)
+      const uint right = 0u;
+#else
+      const uint right = TILE;
+#endif
+      [[unroll]] for (uint f = 0u; f < HF; ++f) {
+        [[unroll]] for (uint n = 0u; n < NF; ++n) {
+          FRAG_B rb;
+          coopMatLoad(rb, sh, right + n * 16u * LD + 2u * f, LD, gl_CooperativeMatrixLayoutRowMajor);
+          acc[f] = coopMatMulAdd(pa[n], rb, acc[f]);
+        }
+      }
+    }
+  }
+  const uint out_first = pc.out_off + (tok0 * nkv + g) * d, out_ld = nkv * d;
+#endif
+
+  // The gradient times scale for this lane's elements; rows past the sequence are not written.
+#if defined(DV)
+  const float out_scale = 1.0;
+#else
+  const float out_scale = pc.scale;
+#endif
+  [[unroll]] for (uint f = 0u; f < HF; ++f) {
+    [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+      const uint hh = (i >> ROW_SHIFT) & 1u;
+      if (row[hh] < pc.seq) o[out_first + row[hh] * out_ld + f * 16u + lane_col(lane, i)] = acc[f][i] * out_scale;
+    }
+  }
+}
