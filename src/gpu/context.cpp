@@ -225,6 +225,46 @@ void Context::upload(const Buffer& dst, const void* src, uint64_t bytes) {
   finish();
 }
 
+void Context::update(const Buffer& dst, const void* src, uint64_t bytes) {
+  if (bytes > dst.size) throw std::logic_error("Context::update: more bytes than the buffer holds");
+  if (bytes % 4 || dst.offset % 4) throw std::logic_error("Context::update: bytes and offset must be multiples of 4");
+  constexpr uint64_t kMaxUpdate = 65536;  // vkCmdUpdateBuffer's limit per command
+  const auto* p = static_cast<const uint8_t*>(src);
+  for (uint64_t done = 0; done < bytes; done += kMaxUpdate) {
+    const uint64_t n = std::min(kMaxUpdate, bytes - done);
+    const Buffer part = dst.slice(done, n);
+    before_command({{part, Access::write}}, VK_PIPELINE_STAGE_TRANSFER_BIT);
+    vkCmdUpdateBuffer(batches_[active_].cmd, part.buffer, part.offset, n, p + done);
+    after_command();
+  }
+}
+
+void Context::download(std::initializer_list<HostRead> reads) {
+  if (!staging_) staging_ = std::make_unique<StagingBuffer>(device_, kStagingBytes);
+  uint64_t at = 0;
+  std::vector<uint64_t> places;
+  for (const HostRead& r : reads) {
+    if (r.bytes > r.src.size) throw std::logic_error("Context::download: more bytes than the buffer holds");
+    at = (at + 15) / 16 * 16;
+    if (at + r.bytes > staging_->size()) throw std::logic_error("Context::download: the reads exceed the staging buffer");
+    const Buffer part = r.src.slice(0, r.bytes);
+    before_command({{part, Access::read}}, VK_PIPELINE_STAGE_TRANSFER_BIT);
+    const VkBufferCopy region{part.offset, at, r.bytes};
+    vkCmdCopyBuffer(batches_[active_].cmd, part.buffer, staging_->buffer(), 1, &region);
+    after_command();
+    places.push_back(at);
+    at += r.bytes;
+  }
+  VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
+  mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
+  mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
+  vkCmdPipelineBarrier(current().cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0,
+                       nullptr, 0, nullptr);
+  finish();
+  size_t i = 0;
+  for (const HostRead& r : reads) std::memcpy(r.dst, static_cast<const uint8_t*>(staging_->data()) + places[i++], r.bytes);
+}
+
 void Context::download(const Buffer& src, void* dst, uint64_t bytes) {
   if (bytes > src.size) throw std::logic_error("Context::download: more bytes than the buffer holds");
   if (!staging_) staging_ = std::make_unique<StagingBuffer>(device_, kStagingBytes);
@@ -264,6 +304,9 @@ void Context::submit() {
 
 void Context::finish() {
   submit();
+  bool outstanding = false;
+  for (const auto& b : batches_) outstanding = outstanding || b.in_flight;
+  if (outstanding) ++drains_;
   for (auto& b : batches_) wait(b);
 }
 

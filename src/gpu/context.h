@@ -13,6 +13,7 @@
 #include <vulkan/vulkan.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -81,8 +82,25 @@ class Context {
     return v;
   }
 
+  // Small writes recorded into the command stream (vkCmdUpdateBuffer, 64 KiB per command): no
+  // wait, so a training step's token arrays reach the GPU without draining it. bytes and dst's
+  // offset must be multiples of 4.
+  void update(const Buffer& dst, const void* src, uint64_t bytes);
+  template <typename T>
+  void update(const Buffer& dst, const std::vector<T>& v) { update(dst, v.data(), v.size() * sizeof(T)); }
+  // Several small reads in one wait (together at most the staging buffer, 64 MiB).
+  struct HostRead {
+    Buffer src;
+    void* dst;
+    uint64_t bytes;
+  };
+  void download(std::initializer_list<HostRead> reads);
+
   void submit();  // submits what was recorded, does not wait
   void finish();  // submits and waits for all work
+  // How many times the host has waited for the GPU to run dry (finish() with work outstanding,
+  // blocking transfers included): a training step should add one (train/step.h).
+  uint64_t drains() const { return drains_; }
 
   // Maximum number of commands in one submitted command buffer.
   void set_max_batch(uint32_t n) { max_batch_ = n; }
@@ -123,6 +141,7 @@ class Context {
   // Hazard tracking since the last barrier.
   std::vector<Range> written_, read_;
   uint64_t barriers_ = 0;
+  uint64_t drains_ = 0;
   std::map<std::string, ProfileEntry> profile_;
 };
 

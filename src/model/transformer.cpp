@@ -194,10 +194,11 @@ void Transformer::upload_batch(const TokenBatch& b) {
   batch_ = b.batch;
   seq_ = b.seq;
   tokens_ = static_cast<uint32_t>(T);
-  ctx_.upload(ids_, b.input_ids);
-  ctx_.upload(targets_, b.targets);
-  ctx_.upload(positions_, b.positions);
-  ctx_.upload(segments_, b.segments);
+  // Recorded into the command stream: no wait for the GPU between micro-batches (train/step.h).
+  ctx_.update(ids_, b.input_ids);
+  ctx_.update(targets_, b.targets);
+  ctx_.update(positions_, b.positions);
+  ctx_.update(segments_, b.segments);
 }
 
 MatrixView Transformer::base_fp16(const BaseLinear& lin) {

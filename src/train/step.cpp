@@ -17,12 +17,23 @@ StepResult step(const StepEngine& e, const StepInput& in, const StepHooks& hooks
     if (hooks.after_micro_batch) hooks.after_micro_batch();
   }
   StepResult r;
-  double loss_sum = double(e.ctx.download<float>(e.loss_sum, 1)[0]);
-  if (hooks.reduce) loss_sum = hooks.reduce(loss_sum);
-  r.loss = loss_sum * double(inv_n);
-  if (hooks.gradients_ready) hooks.gradients_ready();
-  e.adamw.compute_grad_norm();
-  r.grad_norm = double(e.ctx.download<float>(e.adamw.grad_norm(), 1)[0]);
+  if (!hooks.reduce && !hooks.gradients_ready) {
+    // One process: the norm is recorded right behind the micro-batches and both numbers come back
+    // in one wait, the only one of the step.
+    e.adamw.compute_grad_norm();
+    float loss_sum = 0, norm = 0;
+    e.ctx.download({{e.loss_sum, &loss_sum, 4}, {e.adamw.grad_norm(), &norm, 4}});
+    r.loss = double(loss_sum) * double(inv_n);
+    r.grad_norm = double(norm);
+  } else {
+    // Data-parallel: the loss and the gradients are summed over the ranks before the norm.
+    double loss_sum = double(e.ctx.download<float>(e.loss_sum, 1)[0]);
+    if (hooks.reduce) loss_sum = hooks.reduce(loss_sum);
+    r.loss = loss_sum * double(inv_n);
+    if (hooks.gradients_ready) hooks.gradients_ready();
+    e.adamw.compute_grad_norm();
+    r.grad_norm = double(e.ctx.download<float>(e.adamw.grad_norm(), 1)[0]);
+  }
   r.lr = e.adamw.lr_at(in.step);
   // The parameters see only finite steps; every rank has the same loss and norm, so all agree.
   r.applied = std::isfinite(r.loss) && std::isfinite(r.grad_norm);

@@ -3,7 +3,10 @@
 // scaled by 1/n for the step's n loss tokens), the loss, the sum over data-parallel ranks (a
 // hook), the global gradient norm, then AdamW. The loss and the norm are downloaded before AdamW
 // is applied, and a step whose loss or norm is not finite leaves the parameters untouched: the
-// caller decides whether to stop or to go on (forja train --skip-nonfinite).
+// caller decides whether to stop or to go on (forja train --skip-nonfinite). In one process the
+// host waits for the GPU once per step, for those two numbers (the token arrays go into the
+// command stream, Context::update); data-parallel steps wait for the loss and the norm apart, the
+// sum over the ranks between them.
 #pragma once
 #include <cstdint>
 #include <functional>
