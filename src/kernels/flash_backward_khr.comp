@@ -27,18 +27,16 @@
 //
 // Specialization constants: 0 workgroup size (32 x WARPS), 1 WARPS, 2 BT (BC keys per tile for
 // DQ; BQ queries per tile for DK and DV), 3 HD (= head_dim, a multiple of 16 up to 128), 4
-// ROW_SHIFT, 5 COL_SHIFT (the accumulator's element order, as flash_forward_khr.comp).
+// ROW_SHIFT, 5 COL_SHIFT (the accumulator's element order, as flash_forward_khr.comp). The _emu
+// variants: the same without cooperative matrices (flash_khr_common.glsl), WARPS 1.
 //! variant flash_bwd_dq_khr -DDQ requires=nv_coopmat2
 //! variant flash_bwd_dk_khr -DDK requires=nv_coopmat2
 //! variant flash_bwd_dv_khr -DDV requires=nv_coopmat2
-#extension GL_EXT_control_flow_attributes : require
-#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
-#extension GL_KHR_memory_scope_semantics : require
-#extension GL_KHR_cooperative_matrix : require
-#extension GL_NV_cooperative_matrix2 : require
-#extension GL_KHR_shader_subgroup_basic : require
-#extension GL_KHR_shader_subgroup_arithmetic : require
-#extension GL_KHR_shader_subgroup_vote : require
+//! variant flash_bwd_dq_khr_emu -DDQ -DEMULATE
+//! variant flash_bwd_dk_khr_emu -DDK -DEMULATE
+//! variant flash_bwd_dv_khr_emu -DDV -DEMULATE
+#extension GL_GOOGLE_include_directive : enable
+#include "flash_khr_extensions.glsl"
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint WARPS = 8;
@@ -63,10 +61,6 @@ layout(set = 0, binding = 5) readonly buffer Lse { float lse[]; };   // [B, nh, 
 layout(set = 0, binding = 6) readonly buffer Drow { float drow[]; };  // [B, nh, S], rowsum(dout * out)
 layout(set = 0, binding = 7) writeonly buffer Out { float o[]; };    // dq, dk or dv
 
-#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
-#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
-#define FRAG_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
-
 #define LOG2E 1.4426950408889634
 
 const uint NT = 32u * WARPS;
@@ -85,41 +79,11 @@ shared float slse[BT];  // the query tile's lse * log2(e)
 shared float sdrow[BT];  // and its D
 #endif
 
-// Rows [row0, row0 + rows) of the head whose token-0 row starts at half `first` of an fp16
-// [tokens, heads, HD] tensor with `ld` halves per token, copied to sh[at...] (rows of LD chunks);
-// rows past the sequence are zero.
-#define STAGE(BUF, at, row0, rows, first, ld)                                                        \
-  for (uint x = gl_LocalInvocationIndex; x < (rows) * CH; x += NT) {                                 \
-    const uint r = x / CH, c = x % CH;                                                              \
-    sh[(at) + r * LD + c] = (row0) + r < pc.seq ? BUF[((first) + ((row0) + r) * (ld)) / 8u + c] : uvec4(0u); \
-  }
-
-// The range of the nonzero segment ids of positions [first, first + count) (lo > hi when there
-// is none) and whether any is padding or past the sequence; the same in every subgroup.
-void segment_range(uint sbase, uint first, uint count, out int lo, out int hi, out bool gap) {
-  int l = 0x7fffffff, h = -0x7fffffff - 1;
-  bool z = false;
-  for (uint i = gl_SubgroupInvocationID; i < count; i += gl_SubgroupSize) {
-    const uint p = first + i;
-    const int s = p < pc.seq ? seg[sbase + p] : 0;
-    if (s == 0) {
-      z = true;
-    } else {
-      l = min(l, s);
-      h = max(h, s);
-    }
-  }
-  lo = subgroupMin(l);
-  hi = subgroupMax(h);
-  gap = subgroupAny(z);
-}
-
-// Column of element i of this lane in a 16-wide fragment (the probe's layout).
-uint lane_col(uint lane, uint i) { return 2u * (lane & 3u) + (i & 1u) + 8u * ((i >> COL_SHIFT) & 1u); }
+#include "flash_khr_common.glsl"
 
 void main() {
   const uint wt = gl_WorkGroupID.x, b = gl_WorkGroupID.z;
-  const uint warp = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+  const uint warp = WARP, lane = LANE;
   const uint nh = pc.n_heads, nkv = pc.n_kv_heads, d = pc.head_dim, rep = nh / nkv;
   const uint tok0 = b * pc.seq, sbase = pc.seg_off + tok0;
   const float s2 = pc.scale * float(LOG2E);
@@ -127,13 +91,13 @@ void main() {
   // This lane's two rows (the accumulator layout): rw + lane/4 and that + 8.
   const uint row[2] = {rw + (lane >> 2u), rw + (lane >> 2u) + 8u};
   int rseg[2];
-  [[unroll]] for (uint hh = 0u; hh < 2u; ++hh) rseg[hh] = row[hh] < pc.seq ? seg[sbase + row[hh]] : 0;
+  UNROLL for (uint hh = 0u; hh < 2u; ++hh) rseg[hh] = row[hh] < pc.seq ? seg[sbase + row[hh]] : 0;
   int rlo, rhi;
   bool rgap;
   segment_range(sbase, r0, ROWS, rlo, rhi, rgap);
 
   FRAG_C acc[HF];
-  [[unroll]] for (uint f = 0u; f < HF; ++f) acc[f] = FRAG_C(0.0);
+  UNROLL for (uint f = 0u; f < HF; ++f) acc[f] = C_ZERO;
 
 #if defined(DQ)
   // ---- dq: rows are queries of head h -------------------------------------------------------
@@ -143,15 +107,15 @@ void main() {
   FRAG_A qa[HF], da[HF];
   STAGE(q8, 0u, r0, ROWS, q_first, nh * d);
   barrier();
-  [[unroll]] for (uint k = 0u; k < HF; ++k)
-    coopMatLoad(qa[k], sh, warp * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutRowMajor);
+  UNROLL for (uint k = 0u; k < HF; ++k)
+    LOAD(qa[k], warp * 16u * LD + 2u * k, ROW_MAJOR);
   barrier();
   STAGE(do8, 0u, r0, ROWS, q_first, nh * d);
   barrier();
-  [[unroll]] for (uint k = 0u; k < HF; ++k)
-    coopMatLoad(da[k], sh, warp * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutRowMajor);
+  UNROLL for (uint k = 0u; k < HF; ++k)
+    LOAD(da[k], warp * 16u * LD + 2u * k, ROW_MAJOR);
   float lse2[2], dd[2];
-  [[unroll]] for (uint hh = 0u; hh < 2u; ++hh) {
+  UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
     const bool inside = row[hh] < pc.seq;
     lse2[hh] = inside ? lse[pc.lse_off + stat + row[hh]] * float(LOG2E) : 0.0;
     dd[hh] = inside ? drow[pc.drow_off + stat + row[hh]] : 0.0;
@@ -176,20 +140,20 @@ void main() {
     // S = q K^T and dP = dout V^T: K and V are staged [key][d], so K^T and V^T are their
     // column-major readings.
     FRAG_C s[NF], dp[NF];
-    [[unroll]] for (uint n = 0u; n < NF; ++n) {
-      s[n] = FRAG_C(0.0);
-      dp[n] = FRAG_C(0.0);
-      [[unroll]] for (uint k = 0u; k < HF; ++k) {
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      s[n] = C_ZERO;
+      dp[n] = C_ZERO;
+      UNROLL for (uint k = 0u; k < HF; ++k) {
         FRAG_B kb, vb;
-        coopMatLoad(kb, sh, n * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutColumnMajor);
-        coopMatLoad(vb, sh, TILE + n * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutColumnMajor);
-        s[n] = coopMatMulAdd(qa[k], kb, s[n]);
-        dp[n] = coopMatMulAdd(da[k], vb, dp[n]);
+        LOAD(kb, n * 16u * LD + 2u * k, COL_MAJOR);
+        LOAD(vb, TILE + n * 16u * LD + 2u * k, COL_MAJOR);
+        s[n] = MMA(qa[k], kb, s[n]);
+        dp[n] = MMA(da[k], vb, dp[n]);
       }
     }
     // dS = P (dP - D), P = exp2(S s2 - lse2) on this lane's elements, 0 where masked.
-    [[unroll]] for (uint n = 0u; n < NF; ++n) {
-      [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      UNROLL for (uint i = 0u; i < 8u; ++i) {
         const uint hh = (i >> ROW_SHIFT) & 1u;
         bool visible = true;
         if (!full) {
@@ -202,12 +166,12 @@ void main() {
     }
     // dq += dS K: dS (rounded to fp16 by the conversion) as A fragments, K staged row-major.
     FRAG_A dsa[NF];
-    [[unroll]] for (uint n = 0u; n < NF; ++n) dsa[n] = FRAG_A(s[n]);
-    [[unroll]] for (uint f = 0u; f < HF; ++f) {
-      [[unroll]] for (uint n = 0u; n < NF; ++n) {
+    UNROLL for (uint n = 0u; n < NF; ++n) dsa[n] = TO_A(s[n]);
+    UNROLL for (uint f = 0u; f < HF; ++f) {
+      UNROLL for (uint n = 0u; n < NF; ++n) {
         FRAG_B kb;
-        coopMatLoad(kb, sh, n * 16u * LD + 2u * f, LD, gl_CooperativeMatrixLayoutRowMajor);
-        acc[f] = coopMatMulAdd(dsa[n], kb, acc[f]);
+        LOAD(kb, n * 16u * LD + 2u * f, ROW_MAJOR);
+        acc[f] = MMA(dsa[n], kb, acc[f]);
       }
     }
   }
@@ -220,15 +184,15 @@ void main() {
   FRAG_A ka[HF];
   STAGE(k8, 0u, r0, ROWS, k_first, nkv * d);
   barrier();
-  [[unroll]] for (uint k = 0u; k < HF; ++k)
-    coopMatLoad(ka[k], sh, warp * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutRowMajor);
+  UNROLL for (uint k = 0u; k < HF; ++k)
+    LOAD(ka[k], warp * 16u * LD + 2u * k, ROW_MAJOR);
 #if defined(DK)
   FRAG_A va[HF];
   barrier();
   STAGE(v8, 0u, r0, ROWS, k_first, nkv * d);
   barrier();
-  [[unroll]] for (uint k = 0u; k < HF; ++k)
-    coopMatLoad(va[k], sh, warp * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutRowMajor);
+  UNROLL for (uint k = 0u; k < HF; ++k)
+    LOAD(va[k], warp * 16u * LD + 2u * k, ROW_MAJOR);
 #endif
 
   for (uint hq = 0u; hq < rep; ++hq) {
@@ -260,25 +224,25 @@ void main() {
 #if defined(DK)
       FRAG_C dp[NF];
 #endif
-      [[unroll]] for (uint n = 0u; n < NF; ++n) {
-        s[n] = FRAG_C(0.0);
+      UNROLL for (uint n = 0u; n < NF; ++n) {
+        s[n] = C_ZERO;
 #if defined(DK)
-        dp[n] = FRAG_C(0.0);
+        dp[n] = C_ZERO;
 #endif
-        [[unroll]] for (uint k = 0u; k < HF; ++k) {
+        UNROLL for (uint k = 0u; k < HF; ++k) {
           FRAG_B qb;
-          coopMatLoad(qb, sh, n * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutColumnMajor);
-          s[n] = coopMatMulAdd(ka[k], qb, s[n]);
+          LOAD(qb, n * 16u * LD + 2u * k, COL_MAJOR);
+          s[n] = MMA(ka[k], qb, s[n]);
 #if defined(DK)
           FRAG_B db;
-          coopMatLoad(db, sh, TILE + n * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutColumnMajor);
-          dp[n] = coopMatMulAdd(va[k], db, dp[n]);
+          LOAD(db, TILE + n * 16u * LD + 2u * k, COL_MAJOR);
+          dp[n] = MMA(va[k], db, dp[n]);
 #endif
         }
       }
       // P^T = exp2(S^T s2 - lse2[query]), 0 where masked; dk: dS^T = P^T (dP^T - D[query]).
-      [[unroll]] for (uint n = 0u; n < NF; ++n) {
-        [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+      UNROLL for (uint n = 0u; n < NF; ++n) {
+        UNROLL for (uint i = 0u; i < 8u; ++i) {
           const uint hh = (i >> ROW_SHIFT) & 1u;
           const uint c = n * 16u + lane_col(lane, i);
           bool visible = true;
@@ -294,17 +258,17 @@ void main() {
       // dk += dS^T Q, dv += P^T dout: the left factor (rounded to fp16 by the conversion) as A
       // fragments, Q or dout staged row-major.
       FRAG_A pa[NF];
-      [[unroll]] for (uint n = 0u; n < NF; ++n) pa[n] = FRAG_A(s[n]);
+      UNROLL for (uint n = 0u; n < NF; ++n) pa[n] = TO_A(s[n]);
 #if defined(DK)
       const uint right = 0u;
 #else
       const uint right = TILE;
 #endif
-      [[unroll]] for (uint f = 0u; f < HF; ++f) {
-        [[unroll]] for (uint n = 0u; n < NF; ++n) {
+      UNROLL for (uint f = 0u; f < HF; ++f) {
+        UNROLL for (uint n = 0u; n < NF; ++n) {
           FRAG_B rb;
-          coopMatLoad(rb, sh, right + n * 16u * LD + 2u * f, LD, gl_CooperativeMatrixLayoutRowMajor);
-          acc[f] = coopMatMulAdd(pa[n], rb, acc[f]);
+          LOAD(rb, right + n * 16u * LD + 2u * f, ROW_MAJOR);
+          acc[f] = MMA(pa[n], rb, acc[f]);
         }
       }
     }
@@ -318,8 +282,8 @@ void main() {
 #else
   const float out_scale = pc.scale;
 #endif
-  [[unroll]] for (uint f = 0u; f < HF; ++f) {
-    [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+  UNROLL for (uint f = 0u; f < HF; ++f) {
+    UNROLL for (uint i = 0u; i < 8u; ++i) {
       const uint hh = (i >> ROW_SHIFT) & 1u;
       if (row[hh] < pc.seq) o[out_first + row[hh] * out_ld + f * 16u + lane_col(lane, i)] = acc[f][i] * out_scale;
     }

@@ -28,16 +28,17 @@
 //
 // Specialization constants: 0 workgroup size (32 x WARPS), 1 WARPS, 2 BC, 3 HD (= head_dim, a
 // multiple of 16 up to 128), 4 ROW_SHIFT and 5 COL_SHIFT (the accumulator's element order).
+// flash_fwd_khr_emu: the same without cooperative matrices (flash_khr_common.glsl), WARPS 1.
 //! variant flash_fwd_khr requires=nv_coopmat2
+//! variant flash_fwd_khr_emu -DEMULATE
 //! variant coopmat_layout_probe -DPROBE requires=khr_coopmat
-#extension GL_EXT_control_flow_attributes : require
+#extension GL_GOOGLE_include_directive : enable
+
+#if defined(PROBE)
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_cooperative_matrix : require
 #extension GL_KHR_shader_subgroup_basic : require
-#extension GL_GOOGLE_include_directive : enable
-
-#if defined(PROBE)
 // Writes, for the 16x16 fp32 accumulator, lane * 64 + i at the place of element i of each lane
 // (row-major), and the elements per lane after the matrix.
 layout(local_size_x = 32) in;
@@ -49,10 +50,7 @@ void main() {
   if (gl_SubgroupInvocationID == 0u) o[256] = float(c.length());
 }
 #else
-#extension GL_NV_cooperative_matrix2 : require
-#extension GL_KHR_shader_subgroup_arithmetic : require
-#extension GL_KHR_shader_subgroup_vote : require
-#extension GL_KHR_shader_subgroup_shuffle : require
+#include "flash_khr_extensions.glsl"
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint WARPS = 4;
@@ -78,10 +76,6 @@ layout(set = 0, binding = 3) readonly buffer Seg { int seg[]; };
 layout(set = 0, binding = 4) writeonly buffer Out { float o[]; };
 layout(set = 0, binding = 5) writeonly buffer Lse { float lse[]; };
 
-#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
-#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
-#define FRAG_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
-
 #define LOG2E 1.4426950408889634
 #define LN2 0.6931471805599453
 #define NEG_INF uintBitsToFloat(0xff800000u)
@@ -98,38 +92,11 @@ const uint SH_SIZE = 2u * KV_SIZE > BR * LD ? 2u * KV_SIZE : BR * LD;
 shared uvec4 sh[SH_SIZE];  // K at 0, V at KV_SIZE; before the loop, Q at 0
 shared int sseg_k[BC];
 
-// Rows [row0, row0 + rows) of the head whose token-0 row starts at half `first` of an fp16
-// [tokens, heads, HD] tensor with `ld` halves per token, copied to sh[at...] (rows of LD chunks);
-// rows past the sequence are zero.
-#define STAGE(BUF, at, row0, rows, first, ld)                                                        \
-  for (uint x = gl_LocalInvocationIndex; x < (rows) * CH; x += NT) {                                 \
-    const uint r = x / CH, c = x % CH;                                                              \
-    sh[(at) + r * LD + c] = (row0) + r < pc.seq ? BUF[((first) + ((row0) + r) * (ld)) / 8u + c] : uvec4(0u); \
-  }
-
-// The range of the nonzero segment ids of positions [first, first + count) (lo > hi when there
-// is none) and whether any is padding or past the sequence; the same in every subgroup.
-void segment_range(uint sbase, uint first, uint count, out int lo, out int hi, out bool gap) {
-  int l = 0x7fffffff, h = -0x7fffffff - 1;
-  bool z = false;
-  for (uint i = gl_SubgroupInvocationID; i < count; i += gl_SubgroupSize) {
-    const uint p = first + i;
-    const int s = p < pc.seq ? seg[sbase + p] : 0;
-    if (s == 0) {
-      z = true;
-    } else {
-      l = min(l, s);
-      h = max(h, s);
-    }
-  }
-  lo = subgroupMin(l);
-  hi = subgroupMax(h);
-  gap = subgroupAny(z);
-}
+#include "flash_khr_common.glsl"
 
 void main() {
   const uint qt = gl_WorkGroupID.x, h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
-  const uint warp = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+  const uint warp = WARP, lane = LANE;
   const uint nh = pc.n_heads, nkv = pc.n_kv_heads, d = pc.head_dim;
   const uint g = h / (nh / nkv);
   const uint q0 = qt * BR, qw = q0 + warp * 16u;
@@ -141,8 +108,8 @@ void main() {
   STAGE(q8, 0u, q0, BR, q_first, nh * d);
   barrier();
   FRAG_A qa[HF];
-  [[unroll]] for (uint k = 0u; k < HF; ++k)
-    coopMatLoad(qa[k], sh, warp * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutRowMajor);
+  UNROLL for (uint k = 0u; k < HF; ++k)
+    LOAD(qa[k], warp * 16u * LD + 2u * k, ROW_MAJOR);
 
   // This lane's two rows (the accumulator layout): r_lo and r_lo + 8 of the subgroup's 16.
   const uint r_lo = lane >> 2u;
@@ -153,7 +120,7 @@ void main() {
   segment_range(sbase, q0, BR, qlo, qhi, qgap);
 
   FRAG_C acc[HF];
-  [[unroll]] for (uint f = 0u; f < HF; ++f) acc[f] = FRAG_C(0.0);
+  UNROLL for (uint f = 0u; f < HF; ++f) acc[f] = C_ZERO;
   float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0, 0.0};
   const float s2 = pc.scale * float(LOG2E);
 
@@ -175,23 +142,23 @@ void main() {
 
     // S = Q K^T: K is staged [key][d], so K^T is its column-major reading.
     FRAG_C s[NF];
-    [[unroll]] for (uint n = 0u; n < NF; ++n) {
-      s[n] = FRAG_C(0.0);
-      [[unroll]] for (uint k = 0u; k < HF; ++k) {
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      s[n] = C_ZERO;
+      UNROLL for (uint k = 0u; k < HF; ++k) {
         FRAG_B kb;
-        coopMatLoad(kb, sh, n * 16u * LD + 2u * k, LD, gl_CooperativeMatrixLayoutColumnMajor);
-        s[n] = coopMatMulAdd(qa[k], kb, s[n]);
+        LOAD(kb, n * 16u * LD + 2u * k, COL_MAJOR);
+        s[n] = MMA(qa[k], kb, s[n]);
       }
     }
 
     // Online softmax on this lane's elements: element i is in row half (i >> ROW_SHIFT) & 1.
     float mx[2] = {NEG_INF, NEG_INF};
-    [[unroll]] for (uint n = 0u; n < NF; ++n) {
-      [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      UNROLL for (uint i = 0u; i < 8u; ++i) {
         const uint hh = (i >> ROW_SHIFT) & 1u;
         float x = s[n][i] * s2;
         if (!full) {
-          const uint c = n * 16u + 2u * (lane & 3u) + (i & 1u) + 8u * ((i >> COL_SHIFT) & 1u);
+          const uint c = n * 16u + lane_col(lane, i);
           const uint qi = hh == 0u ? row0 : row1;
           const int sq = hh == 0u ? seg0 : seg1;
           if (k0 + c > qi || qi >= pc.seq || sq == 0 || sseg_k[c] != sq) x = NEG_INF;
@@ -201,38 +168,38 @@ void main() {
       }
     }
     float alpha[2], m_use[2], ls[2] = {0.0, 0.0};
-    [[unroll]] for (uint hh = 0u; hh < 2u; ++hh) {
-      mx[hh] = max(mx[hh], subgroupShuffleXor(mx[hh], 1u));
-      mx[hh] = max(mx[hh], subgroupShuffleXor(mx[hh], 2u));
+    UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
+      mx[hh] = max(mx[hh], SHUFFLE_XOR(mx[hh], 1u));
+      mx[hh] = max(mx[hh], SHUFFLE_XOR(mx[hh], 2u));
       const float m_new = max(m[hh], mx[hh]);
       m_use[hh] = m_new == NEG_INF ? 0.0 : m_new;  // a row that has seen nothing yet: exp2(-inf) = 0
       alpha[hh] = exp2(m[hh] - m_use[hh]);
       m[hh] = m_new;
     }
-    [[unroll]] for (uint n = 0u; n < NF; ++n) {
-      [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      UNROLL for (uint i = 0u; i < 8u; ++i) {
         const uint hh = (i >> ROW_SHIFT) & 1u;
         const float p = exp2(s[n][i] - m_use[hh]);
         s[n][i] = p;
         ls[hh] += p;
       }
     }
-    [[unroll]] for (uint hh = 0u; hh < 2u; ++hh) {
-      ls[hh] += subgroupShuffleXor(ls[hh], 1u);
-      ls[hh] += subgroupShuffleXor(ls[hh], 2u);
+    UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
+      ls[hh] += SHUFFLE_XOR(ls[hh], 1u);
+      ls[hh] += SHUFFLE_XOR(ls[hh], 2u);
       l[hh] = alpha[hh] * l[hh] + ls[hh];
     }
-    [[unroll]] for (uint f = 0u; f < HF; ++f)
-      [[unroll]] for (uint i = 0u; i < 8u; ++i) acc[f][i] *= alpha[(i >> ROW_SHIFT) & 1u];
+    UNROLL for (uint f = 0u; f < HF; ++f)
+      UNROLL for (uint i = 0u; i < 8u; ++i) acc[f][i] *= alpha[(i >> ROW_SHIFT) & 1u];
 
     // O += P V: P (rounded to fp16 by the conversion) as A fragments, V staged [key][d] row-major.
     FRAG_A pa[NF];
-    [[unroll]] for (uint n = 0u; n < NF; ++n) pa[n] = FRAG_A(s[n]);
-    [[unroll]] for (uint f = 0u; f < HF; ++f) {
-      [[unroll]] for (uint n = 0u; n < NF; ++n) {
+    UNROLL for (uint n = 0u; n < NF; ++n) pa[n] = TO_A(s[n]);
+    UNROLL for (uint f = 0u; f < HF; ++f) {
+      UNROLL for (uint n = 0u; n < NF; ++n) {
         FRAG_B vb;
-        coopMatLoad(vb, sh, KV_SIZE + n * 16u * LD + 2u * f, LD, gl_CooperativeMatrixLayoutRowMajor);
-        acc[f] = coopMatMulAdd(pa[n], vb, acc[f]);
+        LOAD(vb, KV_SIZE + n * 16u * LD + 2u * f, ROW_MAJOR);
+        acc[f] = MMA(pa[n], vb, acc[f]);
       }
     }
   }
@@ -241,17 +208,17 @@ void main() {
   // first lane of each row.
   const float inv[2] = {l[0] == 0.0 ? 0.0 : 1.0 / l[0], l[1] == 0.0 ? 0.0 : 1.0 / l[1]};
   const uint out_first = pc.out_off + (tok0 * nh + h) * d;
-  [[unroll]] for (uint f = 0u; f < HF; ++f) {
-    [[unroll]] for (uint i = 0u; i < 8u; ++i) {
+  UNROLL for (uint f = 0u; f < HF; ++f) {
+    UNROLL for (uint i = 0u; i < 8u; ++i) {
       const uint hh = (i >> ROW_SHIFT) & 1u;
       const uint qi = hh == 0u ? row0 : row1;
-      const uint c = f * 16u + 2u * (lane & 3u) + (i & 1u) + 8u * ((i >> COL_SHIFT) & 1u);
+      const uint c = f * 16u + lane_col(lane, i);
       if (qi < pc.seq) o[out_first + qi * nh * d + c] = acc[f][i] * inv[hh];
     }
   }
   if ((lane & 3u) == 0u) {
     const uint stat = pc.lse_off + (b * nh + h) * pc.seq;
-    [[unroll]] for (uint hh = 0u; hh < 2u; ++hh) {
+    UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
       const uint qi = hh == 0u ? row0 : row1;
       if (qi < pc.seq) lse[stat + qi] = l[hh] == 0.0 ? NEG_INF : (m[hh] + log2(l[hh])) * float(LN2);
     }

@@ -143,15 +143,41 @@ const AccumulatorLayout& accumulator_layout(gpu::Context& ctx) {
   return it->second;
 }
 
+// The fused kernels as they run: the real ones on the probed accumulator order, or their
+// emulation (AttentionGemmOptions::fused_emulated) on the order the options name.
+struct FusedSetup {
+  bool emulated = false;
+  uint32_t row_shift = 0, col_shift = 0;
+};
+FusedSetup fused_setup(gpu::Context& ctx, const AttentionGemmOptions& o) {
+  if (o.fused_emulated) {
+    if (o.emulated_row_shift != 1 && o.emulated_row_shift != 2)
+      throw std::logic_error("AttentionGemmOptions::emulated_row_shift must be 1 or 2");
+    return {true, o.emulated_row_shift, 3 - o.emulated_row_shift};
+  }
+  const AccumulatorLayout& layout = accumulator_layout(ctx);
+  return {false, layout.row_shift, layout.col_shift};
+}
+// The emulation's tiles of keys or queries: within lavapipe's 32 KiB of shared memory at head_dim 128.
+constexpr uint32_t kEmulatedTile = 32;
+
+// Whether the fused kernels run this head_dim here: the real ones where the device has what they
+// need, the emulation anywhere.
+bool fused_runs(gpu::Context& ctx, uint32_t head_dim, const AttentionGemmOptions& o) {
+  if (o.fused_emulated) return head_dim % 16 == 0 && head_dim > 0 && head_dim <= 128;
+  return attention_fused_forward_supported(ctx, head_dim);
+}
+
 // The forward as one kernel per group of sequences (kernels/flash_forward_khr.comp), on fp16
 // copies of q, k, v that keep their [tokens, heads, d] layout (d is a multiple of 16).
 void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const gpu::Buffer& k,
                    const gpu::Buffer& v, const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
-                   float scale) {
-  const AccumulatorLayout& layout = accumulator_layout(ctx);
-  const auto& p = ctx.pipelines().get(kernels::flash_fwd_khr, {kFusedWarps * 32, kFusedWarps, kFusedKeys, m.d, layout.row_shift,
-                                       layout.col_shift});
-  const uint32_t rows_per_group = kFusedWarps * 16;
+                   float scale, const AttentionGemmOptions& o) {
+  const FusedSetup f = fused_setup(ctx, o);
+  const uint32_t warps = f.emulated ? 1 : kFusedWarps, keys = f.emulated ? kEmulatedTile : kFusedKeys;
+  const auto& p = ctx.pipelines().get(f.emulated ? kernels::flash_fwd_khr_emu : kernels::flash_fwd_khr,
+                                      {warps * 32, warps, keys, m.d, f.row_shift, f.col_shift});
+  const uint32_t rows_per_group = warps * 16;
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_forward", m);
   const uint32_t group = std::min(per, m.batch);
   gpu::Buffer q16 = alloc_f16(ctx, group * m.q_seq(), "attention q fp16");
@@ -214,14 +240,17 @@ void row_dot(gpu::Context& ctx, const Dims& m, uint32_t nb, const Bound& out, co
 void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const gpu::Buffer& k,
                     const gpu::Buffer& v, const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
                     const gpu::Buffer& dout, const gpu::Buffer& dq, const gpu::Buffer& dk, const gpu::Buffer& dv,
-                    float scale) {
-  const AccumulatorLayout& layout = accumulator_layout(ctx);
-  auto pipeline = [&](const kernels::Kernel& kernel, uint32_t warps, uint32_t tile) -> const gpu::Pipeline& {
-    return ctx.pipelines().get(kernel, {warps * 32, warps, tile, m.d, layout.row_shift, layout.col_shift});
+                    float scale, const AttentionGemmOptions& o) {
+  const FusedSetup fs = fused_setup(ctx, o);
+  const uint32_t dq_warps = fs.emulated ? 1 : kBwdDqWarps, kv_warps = fs.emulated ? 1 : kBwdKvWarps;
+  auto pipeline = [&](const kernels::Kernel& kernel, const kernels::Kernel& emulation, uint32_t warps,
+                      uint32_t tile) -> const gpu::Pipeline& {
+    return ctx.pipelines().get(fs.emulated ? emulation : kernel,
+                               {warps * 32, warps, fs.emulated ? kEmulatedTile : tile, m.d, fs.row_shift, fs.col_shift});
   };
-  const gpu::Pipeline& p_dq = pipeline(kernels::flash_bwd_dq_khr, kBwdDqWarps, kBwdDqKeys);
-  const gpu::Pipeline& p_dk = pipeline(kernels::flash_bwd_dk_khr, kBwdKvWarps, kBwdKvQueries);
-  const gpu::Pipeline& p_dv = pipeline(kernels::flash_bwd_dv_khr, kBwdKvWarps, kBwdKvQueries);
+  const gpu::Pipeline& p_dq = pipeline(kernels::flash_bwd_dq_khr, kernels::flash_bwd_dq_khr_emu, dq_warps, kBwdDqKeys);
+  const gpu::Pipeline& p_dk = pipeline(kernels::flash_bwd_dk_khr, kernels::flash_bwd_dk_khr_emu, kv_warps, kBwdKvQueries);
+  const gpu::Pipeline& p_dv = pipeline(kernels::flash_bwd_dv_khr, kernels::flash_bwd_dv_khr_emu, kv_warps, kBwdKvQueries);
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_backward", m);
   const uint32_t group = std::min(per, m.batch);
   gpu::Buffer q16 = alloc_f16(ctx, group * m.q_seq(), "attention q fp16");
@@ -258,11 +287,11 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
                    products * 2.0 * nb * m.nh * pairs * m.d);
     };
     // dq: S, dP, dS K; dk: S^T, dP^T, dS^T Q; dv: S^T, P^T dout (products per visible pair).
-    run(p_dq, bind_elements(ctx, dq, b0 * m.q_seq(), nb * m.q_seq()), kBwdDqWarps * 16, m.nh, 3,
+    run(p_dq, bind_elements(ctx, dq, b0 * m.q_seq(), nb * m.q_seq()), dq_warps * 16, m.nh, 3,
         "attention_fused_backward_dq");
-    run(p_dk, bind_elements(ctx, dk, b0 * m.kv_seq(), nb * m.kv_seq()), kBwdKvWarps * 16, m.nkv, 3,
+    run(p_dk, bind_elements(ctx, dk, b0 * m.kv_seq(), nb * m.kv_seq()), kv_warps * 16, m.nkv, 3,
         "attention_fused_backward_dk");
-    run(p_dv, bind_elements(ctx, dv, b0 * m.kv_seq(), nb * m.kv_seq()), kBwdKvWarps * 16, m.nkv, 2,
+    run(p_dv, bind_elements(ctx, dv, b0 * m.kv_seq(), nb * m.kv_seq()), kv_warps * 16, m.nkv, 2,
         "attention_fused_backward_dv");
   }
   for (const gpu::Buffer& b : {q16, k16, v16, do16, drow}) ctx.free(b);
@@ -357,8 +386,7 @@ void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::
   if (batch == 0 || seq == 0) return;
   check(ctx, op, m, o);
   check_attention_operands(op, m, q, k, v, segments, out, lse);
-  if (o.fused_forward && attention_fused_forward_supported(ctx, head_dim))
-    return fused_forward(ctx, m, q, k, v, segments, out, lse, scale);
+  if (o.fused_forward && fused_runs(ctx, head_dim, o)) return fused_forward(ctx, m, q, k, v, segments, out, lse, scale, o);
 
   const uint32_t C = attention_gemm_chunk_rows(ctx, seq, n_heads, o);
   const uint64_t chunk_elems = uint64_t(n_heads) * C * round_up8(seq);
@@ -410,8 +438,8 @@ void attention_gemm_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu:
   check(ctx, op, m, o);
   check_attention_operands(op, m, q, k, v, segments, out, lse);
   check_attention_gradients(op, m, dout, dq, dk, dv);
-  if (o.fused_backward && attention_fused_forward_supported(ctx, head_dim))
-    return fused_backward(ctx, m, q, k, v, segments, out, lse, dout, dq, dk, dv, scale);
+  if (o.fused_backward && fused_runs(ctx, head_dim, o))
+    return fused_backward(ctx, m, q, k, v, segments, out, lse, dout, dq, dk, dv, scale, o);
 
   const uint32_t C = attention_gemm_chunk_rows(ctx, seq, n_heads, o);
   const uint64_t chunk_elems = uint64_t(n_heads) * C * round_up8(seq);

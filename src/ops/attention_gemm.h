@@ -45,6 +45,12 @@ struct AttentionGemmOptions {
   // where attention_fused_forward_supported says so (the same device features). Off by default
   // until it is measured on a GPU (FORJA_FUSED_ATTENTION_BACKWARD=1 turns it on in training).
   bool fused_backward = false;
+  // Tests: where fused_forward / fused_backward ask for the fused kernels, run their emulation
+  // (kernels/flash_khr_common.glsl: no cooperative matrices, one 32-lane subgroup per workgroup,
+  // any device, lavapipe included) with the accumulator element order {emulated_row_shift,
+  // 3 - emulated_row_shift} (2: the order of NVIDIA's driver; 1: the other one the kernels know).
+  bool fused_emulated = false;
+  uint32_t emulated_row_shift = 2;
 };
 
 // Empty when the fused forward runs head_dim on this device, else why not: it needs KHR

@@ -50,15 +50,19 @@ struct Impl {
   uint32_t chunk_rows = 0;
   bool fused_forward = false;   // the GEMM path's fused forward kernel (where the device runs it)
   bool fused_backward = false;  // and its fused backward kernels
+  uint32_t emulated_row_shift = 0;  // > 0: the fused kernels' emulation, with this accumulator order
   std::string name() const {
     return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) +
-                      (fused_forward ? " fused forward" : "") + (fused_backward ? " fused backward" : "")
+                      (fused_forward ? " fused forward" : "") + (fused_backward ? " fused backward" : "") +
+                      (emulated_row_shift ? " emulated, row shift " + std::to_string(emulated_row_shift) : "")
                 : "tiled";
   }
   ops::AttentionGemmOptions options() const {
     ops::AttentionGemmOptions o{kernel, chunk_rows};
     o.fused_forward = fused_forward;
     o.fused_backward = fused_backward;
+    o.fused_emulated = emulated_row_shift > 0;
+    if (o.fused_emulated) o.emulated_row_shift = emulated_row_shift;
     return o;
   }
 };
@@ -240,6 +244,24 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
   Impl fused{true, ops::GemmKernel::automatic, 0, true};
   fused.fused_backward = true;
   for (const Shape& s : shapes) {
+    check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
+    check(s, packed_segments(s, rng_), fused);
+  }
+}
+
+// The fused kernels' emulation (kernels/flash_khr_common.glsl: the same kernels without
+// cooperative matrices) on any device, lavapipe included: their tiling, masks, online softmax and
+// the backward's recomputation from lse, forward and backward, in both accumulator orders the
+// kernels know; sequences shorter than and beyond the emulation's 16-row and 32-key tiles, head_dim
+// 16 to 128, GQA 1 to 6, causal and packed. Lavapipe compiles each (kernel, head_dim, order) for
+// about 2 s, so few of them are asked for.
+TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
+  const std::pair<Shape, uint32_t> cases[] = {{{2, 7, 4, 2, 16}, 2},  {{1, 37, 2, 1, 128}, 2}, {{2, 70, 6, 1, 16}, 2},
+                                              {{2, 40, 6, 2, 32}, 1}, {{1, 70, 2, 2, 32}, 1}};
+  for (const auto& [s, row_shift] : cases) {
+    Impl fused{true, ops::GemmKernel::automatic, 0, true};
+    fused.fused_backward = true;
+    fused.emulated_row_shift = row_shift;
     check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
     check(s, packed_segments(s, rng_), fused);
   }
