@@ -26,6 +26,7 @@
 #include "model/precision.h"
 #include "model/random_model.h"
 #include "model/transformer.h"
+#include "ops/attention_gemm.h"
 #include "train/optimizer.h"
 #include "train/step.h"
 #include "util/error.h"
@@ -123,6 +124,9 @@ int run_bench(BenchOptions o) {
   plan_settings.nf4 = nf4;
   plan_settings.dense_weight_bytes = precision == model::Precision::mixed ? 2 : 4;
   plan_settings.checkpointing = checkpointing;
+  plan_settings.fused_attention_backward =
+      precision == model::Precision::mixed &&
+      ops::attention_fused_backward_requested(*ctx, static_cast<uint32_t>(c.head_dim));
   const model::MemoryPlan plan = model::plan_training_memory(c, plan_settings);
   const model::StepFlops flops =
       model::training_step_flops(c, o.batch, o.seq_len, o.lora_rank, plan_settings.targets);

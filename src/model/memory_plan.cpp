@@ -140,15 +140,21 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
       static_cast<std::uint32_t>(c.vocab_size), dense_bytes == 2, UINT64_MAX, ce_options);
   std::uint64_t attention = 0;
   std::uint32_t attention_rows = 0;
-  if (dense_bytes == 2) {
-    const auto nh = static_cast<std::uint32_t>(c.num_heads), seq = static_cast<std::uint32_t>(s.seq_len);
+  const auto nh = static_cast<std::uint32_t>(c.num_heads), seq = static_cast<std::uint32_t>(s.seq_len);
+  std::string attention_note;
+  if (dense_bytes == 2 && s.fused_attention_backward) {
+    // every sequence of the batch in one dispatch (a device with a small binding limit splits them)
+    attention = ops::attention_fused_scratch_bytes(static_cast<std::uint32_t>(s.batch), seq, nh,
+                                                   static_cast<std::uint32_t>(c.num_kv_heads),
+                                                   static_cast<std::uint32_t>(c.head_dim));
+    attention_note = "attention: the fused kernels' fp16 copies";
+  } else if (dense_bytes == 2) {
     attention_rows = ops::attention_gemm_chunk_rows(seq, nh, {}, UINT64_MAX);
     attention = ops::attention_gemm_scratch_bytes(seq, nh, static_cast<std::uint32_t>(c.head_dim), attention_rows);
+    attention_note = "attention: one sequence, " + std::to_string(attention_rows) + "-query chunks of scores";
   }
   plan.parts.push_back({"scratch (transient)", std::max(ce, attention),
-                        ce >= attention ? "the LM head's block of logits"
-                                        : "attention: one sequence, " + std::to_string(attention_rows) +
-                                              "-query chunks of scores"});
+                        ce >= attention ? "the LM head's block of logits" : attention_note});
   return plan;
 }
 

@@ -106,7 +106,8 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
                              options.base_kernel != ops::GemmKernel::scalar &&
                              ops::attention_fused_forward_supported(ctx, static_cast<uint32_t>(c_.head_dim));
   // The fused backward only where asked for until it is measured (ops::AttentionGemmOptions).
-  fused_attention_backward_ = fused_attention_forward_ && gpu::env_flag("FORJA_FUSED_ATTENTION_BACKWARD");
+  fused_attention_backward_ =
+      fused_attention_forward_ && ops::attention_fused_backward_requested(ctx, static_cast<uint32_t>(c_.head_dim));
   using Nf4Products = TransformerOptions::Nf4Products;
   const bool dequantize = options.precision == Precision::mixed && options.nf4_products != Nf4Products::fused;
   max_tokens_ = max_batch * max_seq;

@@ -359,6 +359,17 @@ void attention_row_dot(gpu::Context& ctx, const gpu::Buffer& out, const gpu::Buf
   }
 }
 
+uint64_t attention_fused_scratch_bytes(uint32_t sequences, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,
+                                       uint32_t head_dim) {
+  const Dims m{sequences, seq, n_heads, n_kv_heads, head_dim};
+  auto f16 = [](uint64_t halves) { return (halves + 7) / 8 * 16; };  // alloc_f16
+  return 2 * f16(sequences * m.q_seq()) + 2 * f16(sequences * m.kv_seq()) + sequences * m.stat_seq() * 4;
+}
+
+bool attention_fused_backward_requested(gpu::Context& ctx, uint32_t head_dim) {
+  return gpu::env_flag("FORJA_FUSED_ATTENTION_BACKWARD") && attention_fused_forward_supported(ctx, head_dim);
+}
+
 std::string attention_fused_forward_unsupported(gpu::Context& ctx, uint32_t head_dim) {
   const gpu::DeviceInfo& info = ctx.info();
   if (head_dim == 0 || head_dim % 16 != 0 || head_dim > 128)

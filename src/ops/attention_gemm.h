@@ -63,6 +63,9 @@ std::string attention_fused_forward_unsupported(gpu::Context& ctx, uint32_t head
 inline bool attention_fused_forward_supported(gpu::Context& ctx, uint32_t head_dim) {
   return attention_fused_forward_unsupported(ctx, head_dim).empty();
 }
+// Whether training runs the fused backward: asked for (FORJA_FUSED_ATTENTION_BACKWARD=1, until it
+// is measured) where the fused kernels run.
+bool attention_fused_backward_requested(gpu::Context& ctx, uint32_t head_dim);
 
 // drow [B, nh, S] = rowsum(dout * out) of each (token, head) row of out and dout (fp32
 // [B*S, nh, d]): the fused backward's D (kernels/attention_row_dot.comp).
@@ -79,6 +82,9 @@ uint32_t attention_gemm_chunk_rows(const gpu::Context& ctx, uint32_t seq, uint32
 
 // Peak scratch bytes of attention_gemm_backward (the larger of the two) for one call.
 uint64_t attention_gemm_scratch_bytes(uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t chunk_rows);
+// The same with the fused kernels (fp16 copies of q, k, v and dout, and D, for `sequences` at once).
+uint64_t attention_fused_scratch_bytes(uint32_t sequences, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,
+                                       uint32_t head_dim);
 
 void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
                             const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,

@@ -28,6 +28,7 @@
 #include "model/memory_plan.h"
 #include "model/precision.h"
 #include "model/transformer.h"
+#include "ops/attention_gemm.h"
 #include "train/checkpoint.h"
 #include "train/metrics_log.h"
 #include "train/optimizer.h"
@@ -291,6 +292,8 @@ void Run::load() {
   ts.checkpointing = c_.checkpointing();
   ts.lora_dropout = c_.lora_dropout;
   ts.dense_weight_bytes = precision == model::Precision::mixed ? 2 : 4;
+  ts.fused_attention_backward = precision == model::Precision::mixed &&
+                                ops::attention_fused_backward_requested(*ctx_, static_cast<uint32_t>(mc_.head_dim));
   ts.nf4 = c_.quant == model::BaseQuant::nf4;
   ts.targets.clear();
   for (model::LinearKind k : model::kAllLinears)

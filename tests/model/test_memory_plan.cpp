@@ -6,6 +6,7 @@
 
 #include "model/config_fixtures.h"
 #include "model/memory_plan.h"
+#include "ops/attention_gemm.h"
 #include "quant/nf4.h"
 
 namespace forja::model {
@@ -107,6 +108,33 @@ TEST(MemoryPlan, DenseAndFp32Weights) {
   const MemoryPlan dense = plan_training_memory(c, s);
   EXPECT_EQ(part(dense, "linear weights (32-bit)"), 4u * static_cast<std::uint64_t>(count_parameters(c).linear));
   EXPECT_EQ(dense.total() - nf4.total(), 2 * w.linear_16bit - w.linear_nf4_dq);
+}
+
+// Mixed precision's transient scratch: the GEMM path's chunk of scores for attention (a 4B model at
+// 2048 tokens: half a GB), the fused kernels' fp16 copies when the backward is fused (tens of MB,
+// below the LM head's block, which then sets the scratch).
+TEST(MemoryPlan, FusedAttentionBackwardNeedsOnlyItsCopies) {
+  ModelConfig c = parse(test::qwen3_4b());
+  TrainingSettings s;
+  s.batch = 1;
+  s.seq_len = 2048;
+  auto scratch = [](const MemoryPlan& p) {
+    for (auto& m : p.parts)
+      if (m.name == "scratch (transient)") return m;
+    ADD_FAILURE() << "no scratch";
+    return MemoryPart{};
+  };
+  const MemoryPart gemm = scratch(plan_training_memory(c, s));
+  EXPECT_EQ(gemm.bytes, ops::attention_gemm_scratch_bytes(2048, 32, 128, 512));
+  s.fused_attention_backward = true;
+  const MemoryPart fused = scratch(plan_training_memory(c, s));
+  EXPECT_LT(fused.bytes, gemm.bytes / 5);
+  EXPECT_EQ(fused.note, "the LM head's block of logits");
+  // q and dout (32 heads), k and v (8 heads) in fp16, D in fp32
+  EXPECT_EQ(ops::attention_fused_scratch_bytes(1, 2048, 32, 8, 128),
+            2u * 2048 * 32 * 128 * 2 + 2u * 2048 * 8 * 128 * 2 + 2048u * 32 * 4);
+  s.batch = 4;
+  EXPECT_GE(scratch(plan_training_memory(c, s)).bytes, ops::attention_fused_scratch_bytes(4, 2048, 32, 8, 128));
 }
 
 }  // namespace
