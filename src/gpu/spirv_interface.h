@@ -1,8 +1,9 @@
 // What a compute kernel's SPIR-V declares of its interface with the host: the storage buffers
-// of set 0 it binds and the size of its push-constant block. PipelineCache::get checks every
-// caller's binding count and push-constant struct against it, so a C++ struct that drifts
-// from its GLSL block (a field added on one side only) is a logic_error the first time the
-// kernel is used (every kernel runs in the tests) instead of a kernel reading garbage.
+// of set 0 it binds and the size of its push-constant block. The build tool cmake/kernel_table.cpp
+// reads every kernel's interface with it into the generated kernels/kernel_table.h, against which
+// each op static_asserts its push-constant struct (kernels/kernel.h), so a C++ struct that drifts
+// from its GLSL block (a field added on one side only) fails the build instead of a kernel
+// reading garbage.
 #pragma once
 #include <cstdint>
 #include <string>
