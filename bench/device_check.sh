@@ -4,7 +4,8 @@
 # root, with .dist/ holding forja, forja_tests and parity/ (tests/reference copied) built here and
 # .gl/ the Vulkan loader packages:
 #   bash bench/device_check.sh [PEER_SCRIPT]
-# writes into $OUT: tests.txt (the device-only kernel tests), attn.txt (bench attention with the
+# writes into $OUT: tests.txt (the device-only kernel tests), tests-fused-backward.txt (parity in
+# mixed precision with the fused backward), attn.txt (bench attention with the
 # fused forward, the fused backward and the GEMM path), train.jsonl (Qwen3-4B NF4 r16 steps with
 # and without the fused backward), peer.jsonl (transformers + PEFT at 1x2048 and 8x2048, same
 # call) and a summary on stdout. About 6 minutes on an H100.
@@ -19,6 +20,11 @@ timeout 240 .dist/forja_tests --gtest_filter='AttentionTest.*:GemmTest.*:KernelT
 echo "tests rc=$?"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) " $OUT/tests.txt | head -8
 grep -B2 -A8 "Failure" $OUT/tests.txt | head -40
+# The engine with the fused backward: PyTorch parity in mixed precision and the CLI's mixed run.
+FORJA_FUSED_ATTENTION_BACKWARD=1 timeout 180 .dist/forja_tests --gtest_filter='ParityMixed.*:TrainCli.MixedPrecision*' \
+  > $OUT/tests-fused-backward.txt 2>&1
+echo "tests with the fused backward rc=$?"
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |max relative" $OUT/tests-fused-backward.txt | head -12
 timeout 90 $F bench attention --impl fused,fused-backward,gemm > $OUT/attn.txt 2>&1
 tail -8 $OUT/attn.txt
 B="--shape qwen3-4b --peak-tflops 989 --json"
