@@ -105,9 +105,15 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   fused_attention_forward_ = attention_ == Attention::gemm && options.base_kernel != ops::GemmKernel::coopmat_emulated &&
                              options.base_kernel != ops::GemmKernel::scalar &&
                              ops::attention_fused_forward_supported(ctx, static_cast<uint32_t>(c_.head_dim));
+  if (options.fused_attention_emulated) {
+    if (attention_ != Attention::gemm)
+      throw std::logic_error("Transformer: fused_attention_emulated needs attention gemm (mixed precision)");
+    fused_attention_forward_ = true;
+  }
   // The fused backward only where asked for until it is measured (ops::AttentionGemmOptions).
   fused_attention_backward_ =
-      fused_attention_forward_ && ops::attention_fused_backward_requested(ctx, static_cast<uint32_t>(c_.head_dim));
+      options.fused_attention_emulated ||
+      (fused_attention_forward_ && ops::attention_fused_backward_requested(ctx, static_cast<uint32_t>(c_.head_dim)));
   using Nf4Products = TransformerOptions::Nf4Products;
   const bool dequantize = options.precision == Precision::mixed && options.nf4_products != Nf4Products::fused;
   max_tokens_ = max_batch * max_seq;
@@ -531,6 +537,7 @@ class Transformer::ForwardSteps : public BlockSteps {
     } else if (e_.attention_ == Attention::gemm) {
       ops::AttentionGemmOptions ao{e_.options_.base_kernel};
       ao.fused_forward = e_.fused_attention_forward_;
+      ao.fused_emulated = e_.options_.fused_attention_emulated;
       ops::attention_gemm_forward(e_.ctx_, a.q, a.k, a.v, e_.segments_, a.att, a.lse, e_.batch_, e_.seq_, nh, nkv, d,
                                   scale, ao);
     } else {
@@ -585,6 +592,7 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
   } else if (attention_ == Attention::gemm) {
     ops::AttentionGemmOptions ao{options_.base_kernel};
     ao.fused_backward = fused_attention_backward_;
+    ao.fused_emulated = options_.fused_attention_emulated;
     ops::attention_gemm_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_,
                                  nh, nkv, d, scale, ao);
   } else {

@@ -64,6 +64,10 @@ struct TransformerOptions {
   // fp32 scalar kernels. automatic: fp16 in mixed. fp32 precision always runs fp32.
   enum class LoraProducts { automatic, fp32, fp16 };
   LoraProducts lora_products = LoraProducts::automatic;
+  // Tests: attention gemm runs its fused kernels, forward and backward, in their emulation
+  // (ops::AttentionGemmOptions::fused_emulated), which any device runs, so the engine's use of them
+  // is checked against PyTorch on lavapipe. Mixed precision with attention gemm only.
+  bool fused_attention_emulated = false;
 };
 
 // One micro-batch, host side: B sequences of S tokens, row-major [B, S].
