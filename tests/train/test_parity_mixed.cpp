@@ -7,7 +7,8 @@
 //
 // Attention runs through the GEMM kernels in chunks (ops/attention_gemm.h, automatic in mixed on
 // devices with and without cooperative matrices; flash runs when asked for), except in
-// Qwen3TiledAttention (the fp32 tiled kernels) and the Flash tests (ops/flash_attention.h).
+// Qwen3TiledAttention (the fp32 tiled kernels), the Flash tests (ops/flash_attention.h) and
+// FusedAttentionEmulated (the GEMM path's fused forward and backward kernels, emulated).
 // NF4 runs go through automatic's dequantise-to-fp16-then-dense-GEMM path, except Qwen3Nf4Fused
 // and Qwen3Nf4_Emulated, which run the fused NF4 kernels (decode inside the product): the fp16
 // scalar one, and the cooperative-matrix one's emulation (slow on lavapipe). On a device without
