@@ -149,6 +149,7 @@ int run_bench(BenchOptions o) {
   using clock = std::chrono::steady_clock;
   auto seconds_since = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count(); };
   std::vector<double> losses, step_seconds;
+  uint64_t host_waits = 0;  // the most times one step waited for the GPU (train/step.h: 1)
   try {
     const auto build0 = clock::now();
     model::BaseWeights base = model::random_base_weights(*ctx, c, bo, o.seed);
@@ -185,7 +186,9 @@ int run_bench(BenchOptions o) {
         ctx->finish();
         const auto t0 = clock::now();
         in.step = step;
+        const uint64_t drains0 = ctx->drains();
         const train::StepResult r = train::step(engine, in);
+        host_waits = std::max(host_waits, ctx->drains() - drains0);
         ctx->finish();  // AdamW's update is part of the step's time
         const double dt = seconds_since(t0);
         const double loss = r.loss;
@@ -229,6 +232,7 @@ int run_bench(BenchOptions o) {
                         {"steps", o.steps},
                         {"tokens_per_s", tokens_per_s},
                         {"step_ms", step_s * 1e3},
+                        {"host_waits_per_step", host_waits},
                         {"peak_gib", gib(peak)},
                         {"reserved_gib", gib(reserved)},
                         {"plan_gib", gib(plan.total())},
@@ -247,6 +251,8 @@ int run_bench(BenchOptions o) {
   std::printf("  tokens/s          %.1f\n", tokens_per_s);
   std::printf("  ms/step           %.2f (mean of %zu; min %.2f, max %.2f)\n", step_s * 1e3, step_seconds.size(),
               *fastest * 1e3, *slowest * 1e3);
+  std::printf("  host waits        %llu per step (for the loss and the gradient norm)\n",
+              (unsigned long long)host_waits);
   std::printf("  peak GPU memory   %s allocated (arena peak; %s reserved in blocks)\n", bytes_text(peak).c_str(),
               bytes_text(reserved).c_str());
   // FORJA_ARENA_PEAK=1: what was live at the peak, by allocation name.

@@ -67,6 +67,7 @@ TEST_F(BenchCli, TinyShapeJsonLine) {
   EXPECT_EQ(j.at("precision"), "fp32");
   EXPECT_EQ(j.at("rank"), 16);
   EXPECT_EQ(j.at("grad_ckpt"), true);
+  EXPECT_EQ(j.at("host_waits_per_step"), 1) << "a step waits for the GPU once (train/step.h)";
   EXPECT_GT(j.at("tokens_per_s").get<double>(), 0);
   EXPECT_GT(j.at("step_ms").get<double>(), 0);
   EXPECT_GT(j.at("peak_gib").get<double>(), 0);
