@@ -36,6 +36,7 @@ struct AttnBenchOptions {
   uint32_t block_q = 0, block_k = 0, dkdv_split = 0;
   int reps = 5, device = -1;
   std::string impls = "flash,fused,fused-backward,gemm,tiled", flash_kernel = "automatic";
+  std::string fused_backward_tiles;  // "DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES"; empty: the defaults
   bool packed = false;
 };
 
@@ -105,6 +106,22 @@ int run(const AttnBenchOptions& o) {
   }
   ops::AttentionGemmOptions fused, fused_backward, unfused;
   fused_backward.fused_backward = true;
+  if (!o.fused_backward_tiles.empty()) {
+    std::stringstream ss(o.fused_backward_tiles);
+    std::vector<uint32_t> v;
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      try {
+        v.push_back(static_cast<uint32_t>(std::stoul(item)));
+      } catch (const std::exception&) {
+        v.clear();
+        break;
+      }
+    }
+    if (v.size() != 4)
+      throw UserError("--fused-backward-tiles: give four numbers DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (e.g. 8,32,4,32)");
+    fused_backward.fused_backward_tiles = {v[0], v[1], v[2], v[3]};
+  }
   unfused.fused_forward = false;
   auto gemm_options = [&](const std::string& impl) {
     return impl == "fused" ? fused : impl == "fused-backward" ? fused_backward : unfused;
@@ -191,8 +208,12 @@ int run(const AttnBenchOptions& o) {
               "TFLOP/s", "max rel diff to tiled fp32 (out lse dq dk dv)");
   bool all_ok = true;
   for (const std::string& impl : impls) {
-    forward(impl);
-    backward(impl);
+    try {
+      forward(impl);
+      backward(impl);
+    } catch (const std::invalid_argument& e) {  // a shape or tile the implementation does not take
+      throw UserError("bench attention: " + impl + ": " + e.what());
+    }
     ctx->finish();
     const Outputs got = outputs();
     const double diffs[5] = {rel_diff(got.out, want.out), rel_diff(got.lse, want.lse), rel_diff(got.dq, want.dq),
@@ -257,6 +278,9 @@ forja::cli::CommandRegistration reg{"bench-attention", 82, [](CLI::App& app) {
   cmd->add_option("--dkdv-split", o->dkdv_split,
                   "flash's dk/dv workgroups per kv head (a divisor of heads / kv-heads; 0: automatic)");
   cmd->add_flag("--packed", o->packed, "Four packed documents per sequence instead of one");
+  cmd->add_option("--fused-backward-tiles", o->fused_backward_tiles,
+                  "fused-backward's workgroups: DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (subgroups 1/2/4/8, tiles "
+                  "16/32/64; default 8,32,4,32)");
   cmd->add_option("--reps", o->reps, "Timed repetitions (best is reported)")->check(CLI::Range(1, 1000));
   cmd->add_option("--device", o->device, "Vulkan device index");
   return [o, cmd]() -> int {

@@ -221,10 +221,27 @@ struct RowDotPush {
 };
 static_assert(kernels::push_block_matches<RowDotPush>(kernels::attention_row_dot),
               "RowDotPush differs from kernels/attention_row_dot.comp's push-constant block");
-// dq: 8 subgroups (128 query rows) against 32-key tiles; dk and dv: 4 subgroups (64 keys) against
-// 32-query tiles. Chosen by register count (dk holds k, v, dk and two tiles of scores), not yet
-// by measurement.
-constexpr uint32_t kBwdDqWarps = 8, kBwdDqKeys = 32, kBwdKvWarps = 4, kBwdKvQueries = 32;
+// Shared memory of one backward workgroup (kernels/flash_backward_khr.comp's SH_SIZE, the segment,
+// lse and D arrays, and the emulation's exchange arrays) for `warps` subgroups and tiles of `tile`.
+uint64_t fused_backward_shared_bytes(uint32_t warps, uint32_t tile, uint32_t head_dim) {
+  const uint64_t ld = head_dim / 8 + 1, rows = 16ull * warps;
+  return 16 * std::max(2 * tile * ld, rows * ld) + 3 * 4 * tile + 4 * (256 + 256 + 32);
+}
+
+void check_fused_backward_tiles(const gpu::Context& ctx, const AttentionGemmOptions::FusedBackwardTiles& t,
+                                uint32_t head_dim) {
+  auto warps_ok = [](uint32_t w) { return w == 1 || w == 2 || w == 4 || w == 8; };
+  auto tile_ok = [](uint32_t b) { return b == 16 || b == 32 || b == 64; };
+  if (!warps_ok(t.dq_warps) || !warps_ok(t.kv_warps) || !tile_ok(t.dq_keys) || !tile_ok(t.kv_queries))
+    throw std::invalid_argument("fused attention backward tiles: subgroups must be 1, 2, 4 or 8 and tiles 16, 32 or 64");
+  const uint64_t limit = ctx.info().max_shared_memory;
+  for (const auto& [warps, tile] : {std::pair{t.dq_warps, t.dq_keys}, std::pair{t.kv_warps, t.kv_queries}})
+    if (fused_backward_shared_bytes(warps, tile, head_dim) > limit)
+      throw std::invalid_argument("fused attention backward tiles: " + std::to_string(warps) + " subgroups with tiles of " +
+                                  std::to_string(tile) + " need " +
+                                  std::to_string(fused_backward_shared_bytes(warps, tile, head_dim)) +
+                                  " bytes of shared memory, the device has " + std::to_string(limit));
+}
 
 void row_dot(gpu::Context& ctx, const Dims& m, uint32_t nb, const Bound& out, const Bound& dout, const Bound& drow) {
   const uint32_t rows = nb * m.seq * m.nh;
@@ -242,15 +259,19 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
                     const gpu::Buffer& dout, const gpu::Buffer& dq, const gpu::Buffer& dk, const gpu::Buffer& dv,
                     float scale, const AttentionGemmOptions& o) {
   const FusedSetup fs = fused_setup(ctx, o);
-  const uint32_t dq_warps = fs.emulated ? 1 : kBwdDqWarps, kv_warps = fs.emulated ? 1 : kBwdKvWarps;
+  // The emulation runs one subgroup per workgroup, on tiles that fit lavapipe's shared memory.
+  const AttentionGemmOptions::FusedBackwardTiles t =
+      fs.emulated ? AttentionGemmOptions::FusedBackwardTiles{1, kEmulatedTile, 1, kEmulatedTile} : o.fused_backward_tiles;
+  check_fused_backward_tiles(ctx, t, m.d);
+  const uint32_t dq_warps = t.dq_warps, kv_warps = t.kv_warps;
   auto pipeline = [&](const kernels::Kernel& kernel, const kernels::Kernel& emulation, uint32_t warps,
                       uint32_t tile) -> const gpu::Pipeline& {
     return ctx.pipelines().get(fs.emulated ? emulation : kernel,
-                               {warps * 32, warps, fs.emulated ? kEmulatedTile : tile, m.d, fs.row_shift, fs.col_shift});
+                               {warps * 32, warps, tile, m.d, fs.row_shift, fs.col_shift});
   };
-  const gpu::Pipeline& p_dq = pipeline(kernels::flash_bwd_dq_khr, kernels::flash_bwd_dq_khr_emu, dq_warps, kBwdDqKeys);
-  const gpu::Pipeline& p_dk = pipeline(kernels::flash_bwd_dk_khr, kernels::flash_bwd_dk_khr_emu, kv_warps, kBwdKvQueries);
-  const gpu::Pipeline& p_dv = pipeline(kernels::flash_bwd_dv_khr, kernels::flash_bwd_dv_khr_emu, kv_warps, kBwdKvQueries);
+  const gpu::Pipeline& p_dq = pipeline(kernels::flash_bwd_dq_khr, kernels::flash_bwd_dq_khr_emu, dq_warps, t.dq_keys);
+  const gpu::Pipeline& p_dk = pipeline(kernels::flash_bwd_dk_khr, kernels::flash_bwd_dk_khr_emu, kv_warps, t.kv_queries);
+  const gpu::Pipeline& p_dv = pipeline(kernels::flash_bwd_dv_khr, kernels::flash_bwd_dv_khr_emu, kv_warps, t.kv_queries);
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_backward", m);
   const uint32_t group = std::min(per, m.batch);
   gpu::Buffer q16 = alloc_f16(ctx, group * m.q_seq(), "attention q fp16");

@@ -45,6 +45,13 @@ struct AttentionGemmOptions {
   // where attention_fused_forward_supported says so (the same device features). Off by default
   // until it is measured on a GPU (FORJA_FUSED_ATTENTION_BACKWARD=1 turns it on in training).
   bool fused_backward = false;
+  // Its workgroups: dq_warps subgroups of 16 query rows against tiles of dq_keys keys; kv_warps
+  // subgroups of 16 keys against tiles of kv_queries queries (dk and dv). Subgroups 1, 2, 4 or
+  // 8; tiles 16, 32 or 64 (within the device's shared memory). The defaults are chosen by
+  // register count, not yet by measurement: `forja bench attention --fused-backward-tiles`.
+  struct FusedBackwardTiles {
+    uint32_t dq_warps = 8, dq_keys = 32, kv_warps = 4, kv_queries = 32;
+  } fused_backward_tiles;
   // Tests: where fused_forward / fused_backward ask for the fused kernels, run their emulation
   // (kernels/flash_khr_common.glsl: no cooperative matrices, one 32-lane subgroup per workgroup,
   // any device, lavapipe included) with the accumulator element order {emulated_row_shift,
