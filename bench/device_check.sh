@@ -6,7 +6,8 @@
 #   bash bench/device_check.sh [PEER_SCRIPT]
 # writes into $OUT: tests.txt (the device-only kernel tests), tests-fused-backward.txt (parity in
 # mixed precision with the fused backward), attn.txt (bench attention with the
-# fused forward, the fused backward and the GEMM path), train.jsonl (Qwen3-4B NF4 r16 steps with
+# fused forward, the fused backward and the GEMM path; attn-tiles-*.txt: a sweep of the fused
+# backward's workgroups), train.jsonl (Qwen3-4B NF4 r16 steps with
 # and without the fused backward), peer.jsonl (transformers + PEFT at 1x2048 and 8x2048, same
 # call) and a summary on stdout. About 6 minutes on an H100.
 set -o pipefail
@@ -27,6 +28,11 @@ echo "tests with the fused backward rc=$?"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |max relative" $OUT/tests-fused-backward.txt | head -12
 timeout 90 $F bench attention --impl fused,fused-backward,gemm > $OUT/attn.txt 2>&1
 tail -8 $OUT/attn.txt
+# The fused backward's workgroups (DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES); the default is 8,32,4,32.
+for t in 8,32,4,32 8,64,4,32 4,32,4,32 8,32,8,32 8,32,4,64 8,32,2,32 4,64,4,64; do
+  timeout 30 $F bench attention --impl fused-backward --fused-backward-tiles $t --reps 3 > $OUT/attn-tiles-$t.txt 2>&1
+  echo "tiles $t: $(grep -E '^fused-' $OUT/attn-tiles-$t.txt | tail -1)"
+done
 B="--shape qwen3-4b --peak-tflops 989 --json"
 run() {
   timeout 90 $F bench $B "$@" 2>/dev/null |
