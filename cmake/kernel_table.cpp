@@ -86,7 +86,8 @@ int main(int argc, char** argv) {
     for (const Variant& v : variants) {
       if (v.words.empty()) continue;
       src << "const uint32_t k_" << v.name << "[" << v.words.size() << "] = {";
-      for (size_t i = 0; i < v.words.size(); ++i) src << (i % 8 ? "" : "\n") << "0x" << std::hex << v.words[i] << std::dec << "u,";
+      for (size_t i = 0; i < v.words.size(); ++i)
+        src << (i % 8 ? "" : "\n") << "0x" << std::hex << v.words[i] << std::dec << "u,";
       src << "};\n";
     }
     src << "}  // namespace\n\nconst std::vector<Spirv>& all_spirv() {\n  static const std::vector<Spirv> table = {\n";

@@ -16,8 +16,8 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& c, int64_t lora_width)
   using R = BlockRole;
   std::vector<BlockTensor> t = {{"h1", R::saved, H}, {"rstd1", R::saved, 1}};
   if (c.qk_norm)
-    t.insert(t.end(), {{"q_raw", R::saved, q}, {"k_raw", R::saved, kv}, {"rstd_q", R::saved, nh},
-                       {"rstd_k", R::saved, nkv}});
+    t.insert(t.end(),
+             {{"q_raw", R::saved, q}, {"k_raw", R::saved, kv}, {"rstd_q", R::saved, nh}, {"rstd_k", R::saved, nkv}});
   t.insert(t.end(), {{"q", R::saved, q},
                      {"k", R::saved, kv},
                      {"v", R::saved, kv},
@@ -53,13 +53,24 @@ int64_t block_elements_per_token(const ModelConfig& c, int64_t lora_width, Block
 BlockActs allocate_block_acts(const ModelConfig& config, int64_t lora_width, uint64_t tokens,
                               const std::function<gpu::Buffer(uint64_t, const char*)>& alloc) {
   using Field = gpu::Buffer BlockActs::*;
-  static const std::pair<const char*, Field> fields[] = {
-      {"h1", &BlockActs::h1},       {"rstd1", &BlockActs::rstd1},     {"q_raw", &BlockActs::q_raw},
-      {"k_raw", &BlockActs::k_raw}, {"rstd_q", &BlockActs::rstd_q},   {"rstd_k", &BlockActs::rstd_k},
-      {"q", &BlockActs::q},         {"k", &BlockActs::k},             {"v", &BlockActs::v},
-      {"attention out", &BlockActs::att}, {"attention lse", &BlockActs::lse}, {"x2", &BlockActs::x2},
-      {"h2", &BlockActs::h2},       {"rstd2", &BlockActs::rstd2},     {"gate", &BlockActs::g},
-      {"up", &BlockActs::u},        {"swiglu", &BlockActs::act},      {"lora t", &BlockActs::t}};
+  static const std::pair<const char*, Field> fields[] = {{"h1", &BlockActs::h1},
+                                                         {"rstd1", &BlockActs::rstd1},
+                                                         {"q_raw", &BlockActs::q_raw},
+                                                         {"k_raw", &BlockActs::k_raw},
+                                                         {"rstd_q", &BlockActs::rstd_q},
+                                                         {"rstd_k", &BlockActs::rstd_k},
+                                                         {"q", &BlockActs::q},
+                                                         {"k", &BlockActs::k},
+                                                         {"v", &BlockActs::v},
+                                                         {"attention out", &BlockActs::att},
+                                                         {"attention lse", &BlockActs::lse},
+                                                         {"x2", &BlockActs::x2},
+                                                         {"h2", &BlockActs::h2},
+                                                         {"rstd2", &BlockActs::rstd2},
+                                                         {"gate", &BlockActs::g},
+                                                         {"up", &BlockActs::u},
+                                                         {"swiglu", &BlockActs::act},
+                                                         {"lora t", &BlockActs::t}};
   BlockActs a;
   for (const BlockTensor& t : block_tensors(config, lora_width)) {
     if (t.role != BlockRole::saved) continue;
@@ -73,8 +84,8 @@ BlockActs allocate_block_acts(const ModelConfig& config, int64_t lora_width, uin
 }
 
 void block_forward(gpu::Context& ctx, const BaseWeights& base, size_t layer, uint32_t tokens,
-                   const gpu::Buffer& positions, const gpu::Buffer& x_in, const BlockActs& a,
-                   const gpu::Buffer* x_out, BlockSteps& steps) {
+                   const gpu::Buffer& positions, const gpu::Buffer& x_in, const BlockActs& a, const gpu::Buffer* x_out,
+                   BlockSteps& steps) {
   const ModelConfig& c = base.config;
   const BaseLayer& L = base.layers[layer];
   const uint32_t T = tokens, H = static_cast<uint32_t>(c.hidden_size), I = static_cast<uint32_t>(c.intermediate_size);

@@ -21,7 +21,7 @@ namespace forja::model {
 enum class BlockRole { saved, gradient };
 
 struct BlockTensor {
-  const char* name;   // also the buffer's allocation name (FORJA_ARENA_PEAK shows it)
+  const char* name;  // also the buffer's allocation name (FORJA_ARENA_PEAK shows it)
   BlockRole role;
   int64_t per_token;  // fp32 elements per token
 };
@@ -73,7 +73,7 @@ class BlockSteps {
 //   x_out = x2 + down(act)        (x_out null: steps.down_input(act) instead)
 // writing the saved tensors of `a`. x_out may be x_in (generation updates its residual in place).
 void block_forward(gpu::Context& ctx, const BaseWeights& base, size_t layer, uint32_t tokens,
-                   const gpu::Buffer& positions, const gpu::Buffer& x_in, const BlockActs& a,
-                   const gpu::Buffer* x_out, BlockSteps& steps);
+                   const gpu::Buffer& positions, const gpu::Buffer& x_in, const BlockActs& a, const gpu::Buffer* x_out,
+                   BlockSteps& steps);
 
 }  // namespace forja::model
