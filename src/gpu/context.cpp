@@ -255,6 +255,7 @@ void Context::download(std::initializer_list<HostRead> reads) {
     places.push_back(at);
     at += r.bytes;
   }
+  // The host reads the staging memory after the fence: make the transfers' writes visible.
   VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
   mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
   mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
@@ -269,22 +270,9 @@ void Context::download(const Buffer& src, void* dst, uint64_t bytes) {
   if (bytes > src.size) throw std::logic_error("Context::download: more bytes than the buffer holds");
   if (!staging_) staging_ = std::make_unique<StagingBuffer>(device_, kStagingBytes);
   auto* p = static_cast<uint8_t*>(dst);
-  for (uint64_t done = 0; done < bytes;) {
+  for (uint64_t done = 0; done < bytes;) {  // a staging buffer's worth at a time
     const uint64_t n = std::min<uint64_t>(bytes - done, staging_->size());
-    Buffer part = src.slice(done, n);
-    before_command({{part, Access::read}}, VK_PIPELINE_STAGE_TRANSFER_BIT);
-    Batch& b = batches_[active_];
-    VkBufferCopy region{part.offset, 0, n};
-    vkCmdCopyBuffer(b.cmd, part.buffer, staging_->buffer(), 1, &region);
-    // The host reads the staging memory after the fence: make the transfer's writes visible.
-    VkMemoryBarrier mb{VK_STRUCTURE_TYPE_MEMORY_BARRIER};
-    mb.srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT;
-    mb.dstAccessMask = VK_ACCESS_HOST_READ_BIT;
-    vkCmdPipelineBarrier(b.cmd, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, nullptr, 0,
-                         nullptr);
-    after_command();
-    finish();
-    std::memcpy(p + done, staging_->data(), n);
+    download({{src.slice(done, n), p + done, n}});
     done += n;
   }
 }
