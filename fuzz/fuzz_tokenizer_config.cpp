@@ -1,7 +1,7 @@
 // libFuzzer target for tokenizer_config.json (data/tokenizer.h, data/chat_template.h): the
-// example model's tokenizer.json beside the input as tokenizer_config.json. Loading accepts or
-// throws UserError; an accepted config must give a chat template (or a UserError saying how to
-// choose one) that renders a conversation.
+// input read as the config of the example model's tokenizer. Reading accepts or throws UserError;
+// an accepted config must give a chat template (or a UserError saying how to choose one) that
+// renders a conversation.
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -15,17 +15,13 @@
 namespace fs = std::filesystem;
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  static const fs::path dir = [] {
-    const fs::path d = forja::fuzz::scratch_dir() / "tokenizer";
-    fs::create_directories(d);
-    fs::copy_file(forja::fuzz::example_model_dir() / "tokenizer.json", d / "tokenizer.json",
-                  fs::copy_options::overwrite_existing);
-    return d;
-  }();
-  forja::fuzz::write_bytes(dir / "tokenizer_config.json",
-                           std::string_view(reinterpret_cast<const char*>(data), size));
+  // tokenizer.json is parsed once: the input only goes through read_config, the part of
+  // Tokenizer::load that reads tokenizer_config.json (about 5 ms per input less).
+  static const fs::path file = forja::fuzz::scratch_dir() / "tokenizer_config.json";
+  static forja::data::Tokenizer tok = forja::data::Tokenizer::load(forja::fuzz::example_model_dir() / "tokenizer.json");
+  forja::fuzz::write_bytes(file, std::string_view(reinterpret_cast<const char*>(data), size));
   try {
-    const auto tok = forja::data::Tokenizer::load(dir);
+    tok.read_config(file);
     (void)tok.bos_id();
     (void)tok.eos_id();
     (void)tok.pad_id();

@@ -1172,6 +1172,38 @@ std::optional<std::string> token_field(const json& cfg, const char* key) {
 }
 }  // namespace
 
+void Tokenizer::read_config(const std::filesystem::path& cfg_path) {
+  json cfg;
+  try {
+    cfg = json::parse(read_file(cfg_path));
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
+    throw UserError(cfg_path.string() + ": not valid JSON (" + e.what() + ")");
+  }
+  TokenizerConfig c;
+  c.path = cfg_path.string();
+  c.bos_token = token_field(cfg, "bos_token");
+  c.eos_token = token_field(cfg, "eos_token");
+  c.pad_token = token_field(cfg, "pad_token");
+  if (cfg.contains("add_bos_token") && cfg.at("add_bos_token").is_boolean())
+    c.add_bos_token = cfg.at("add_bos_token").get<bool>();
+  if (cfg.contains("add_eos_token") && cfg.at("add_eos_token").is_boolean())
+    c.add_eos_token = cfg.at("add_eos_token").get<bool>();
+  if (cfg.contains("chat_template")) {
+    const json& ct = cfg.at("chat_template");
+    if (ct.is_string()) {
+      c.chat_template = ct.get<std::string>();
+    } else if (ct.is_array()) {  // [{"name": "default", "template": ...}, ...]
+      for (const auto& e : ct)
+        if (e.value("name", "") == "default") c.chat_template = e.value("template", "");
+    }
+  }
+  for (const auto* tok : {&c.bos_token, &c.eos_token, &c.pad_token})
+    if (*tok && !token_id(**tok))
+      throw UserError(cfg_path.string() + ": token \"" + **tok + "\" is not in the vocabulary of " +
+                      origin() + "; the two files do not belong together");
+  impl_->config = std::move(c);
+}
+
 Tokenizer Tokenizer::load(const std::filesystem::path& model_dir_or_file) {
   namespace fs = std::filesystem;
   fs::path file = model_dir_or_file;
@@ -1183,37 +1215,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir_or_file) {
                     "downloaded from the Hugging Face hub)");
   Tokenizer t = from_json(read_file(file), file.string());
   const fs::path cfg_path = file.parent_path() / "tokenizer_config.json";
-  if (fs::exists(cfg_path, ec)) {
-    json cfg;
-    try {
-      cfg = json::parse(read_file(cfg_path));
-    } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
-      throw UserError(cfg_path.string() + ": not valid JSON (" + e.what() + ")");
-    }
-    TokenizerConfig& c = t.impl_->config;
-    c.path = cfg_path.string();
-    c.bos_token = token_field(cfg, "bos_token");
-    c.eos_token = token_field(cfg, "eos_token");
-    c.pad_token = token_field(cfg, "pad_token");
-    if (cfg.contains("add_bos_token") && cfg.at("add_bos_token").is_boolean())
-      c.add_bos_token = cfg.at("add_bos_token").get<bool>();
-    if (cfg.contains("add_eos_token") && cfg.at("add_eos_token").is_boolean())
-      c.add_eos_token = cfg.at("add_eos_token").get<bool>();
-    if (cfg.contains("chat_template")) {
-      const json& ct = cfg.at("chat_template");
-      if (ct.is_string()) {
-        c.chat_template = ct.get<std::string>();
-      } else if (ct.is_array()) {  // [{"name": "default", "template": ...}, ...]
-        for (const auto& e : ct)
-          if (e.value("name", "") == "default") c.chat_template = e.value("template", "");
-      }
-    }
-    for (const auto* tok : {&c.bos_token, &c.eos_token, &c.pad_token})
-      if (*tok && !t.token_id(**tok))
-        throw UserError(cfg_path.string() + ": token \"" + **tok +
-                        "\" is not in the vocabulary of " + file.string() +
-                        "; the two files do not belong together");
-  }
+  if (fs::exists(cfg_path, ec)) t.read_config(cfg_path);
   return t;
 }
 

@@ -93,6 +93,10 @@ class Tokenizer {
   const std::vector<AddedToken>& added_tokens() const;
 
   const TokenizerConfig& config() const;
+  // Reads a tokenizer_config.json into config(), replacing it (load() does this for the one
+  // beside tokenizer.json). UserError, with config() unchanged, when the file is not JSON or names
+  // a token outside this vocabulary.
+  void read_config(const std::filesystem::path& tokenizer_config_json);
   // Ids of the config's tokens; nullopt when the config names none.
   std::optional<int32_t> bos_id() const;
   std::optional<int32_t> eos_id() const;

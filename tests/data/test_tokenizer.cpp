@@ -3,6 +3,9 @@
 // hand-made tokenizers (merge order, ties, both merge encodings, ignore_merges, errors).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "data/tokenizer.h"
@@ -222,6 +225,43 @@ TEST(TokenizerBpe, BadFilesAreUserErrors) {
     EXPECT_NE(std::string(e.what()).find("wp.json"), std::string::npos) << e.what();
   }
   EXPECT_THROW(Tokenizer::load("/nonexistent/model"), UserError);
+}
+
+TEST(TokenizerBpe, ReadConfigReplacesTheConfigOrLeavesItWhole) {
+  auto t = Tokenizer::from_json(tiny_tokenizer({}, true, false), "tiny.json");
+  const auto dir = std::filesystem::path(::testing::TempDir()) / "forja_read_config";
+  std::filesystem::create_directories(dir);
+  const auto file = dir / "tokenizer_config.json";
+  const auto write = [&](const std::string& text) { std::ofstream(file, std::ios::binary) << text; };
+  write(R"({"eos_token": "<|x|>", "pad_token": {"content": "<|xy|>"}, "add_bos_token": true,
+            "chat_template": [{"name": "default", "template": "T"}]})");
+  t.read_config(file);
+  EXPECT_EQ(t.eos_id(), t.token_id("<|x|>"));
+  EXPECT_EQ(t.pad_id(), t.token_id("<|xy|>"));
+  EXPECT_TRUE(t.config().add_bos_token);
+  EXPECT_EQ(t.config().chat_template, "T");
+  EXPECT_EQ(t.config().path, file.string());
+  // A token outside the vocabulary, or text that is not JSON: an error naming both files, and the
+  // config read before stays as it was.
+  write(R"({"eos_token": "<|nope|>"})");
+  try {
+    t.read_config(file);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(file.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tiny.json"), std::string::npos) << e.what();
+  }
+  write("{not json");
+  EXPECT_THROW(t.read_config(file), UserError);
+  EXPECT_EQ(t.eos_id(), t.token_id("<|x|>"));
+  EXPECT_EQ(t.config().chat_template, "T");
+  // A second good file replaces the whole config: fields it lacks are gone.
+  write(R"({"bos_token": "a"})");
+  t.read_config(file);
+  EXPECT_EQ(t.bos_id(), t.token_id("a"));
+  EXPECT_FALSE(t.eos_id().has_value());
+  EXPECT_FALSE(t.config().chat_template.has_value());
+  EXPECT_FALSE(t.config().add_bos_token);
 }
 
 TEST(TokenizerUtf8, LossyMatchesMaximalSubpartRule) {
