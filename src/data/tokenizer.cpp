@@ -1193,8 +1193,15 @@ void Tokenizer::read_config(const std::filesystem::path& cfg_path) {
     if (ct.is_string()) {
       c.chat_template = ct.get<std::string>();
     } else if (ct.is_array()) {  // [{"name": "default", "template": ...}, ...]
-      for (const auto& e : ct)
-        if (e.value("name", "") == "default") c.chat_template = e.value("template", "");
+      // json::value() throws nlohmann's type_error on a field of another type (found by
+      // fuzz/fuzz_tokenizer_config.cpp): each entry is checked first.
+      for (const auto& e : ct) {
+        if (!e.is_object() || !e.contains("name") || !e.at("name").is_string() || !e.contains("template") ||
+            !e.at("template").is_string())
+          throw UserError(cfg_path.string() +
+                          ": chat_template: each entry of the list must be {\"name\": \"...\", \"template\": \"...\"}");
+        if (e.at("name").get<std::string>() == "default") c.chat_template = e.at("template").get<std::string>();
+      }
     }
   }
   for (const auto* tok : {&c.bos_token, &c.eos_token, &c.pad_token})

@@ -253,6 +253,18 @@ TEST(TokenizerBpe, ReadConfigReplacesTheConfigOrLeavesItWhole) {
   }
   write("{not json");
   EXPECT_THROW(t.read_config(file), UserError);
+  // A named template list whose entries are not {"name": string, "template": string} (a
+  // template given as a list made nlohmann throw its type_error: a crash found by the fuzzer).
+  for (const char* bad : {R"({"chat_template": [{"name": "default", "template": [1]}]})",
+                          R"({"chat_template": [{"name": 3, "template": "T"}]})", R"({"chat_template": ["T"]})"}) {
+    write(bad);
+    try {
+      t.read_config(file);
+      ADD_FAILURE() << "no error for " << bad;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("chat_template"), std::string::npos) << e.what();
+    }
+  }
   EXPECT_EQ(t.eos_id(), t.token_id("<|x|>"));
   EXPECT_EQ(t.config().chat_template, "T");
   // A second good file replaces the whole config: fields it lacks are gone.
