@@ -34,6 +34,18 @@ struct StringHash {
 template <typename V>
 using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
 
+// The value of an integer field, nullopt for anything else: nlohmann's get<int64_t>() of a float
+// casts it, which is undefined beyond the integer's range (an id of 2.5e35 was found by
+// fuzz/fuzz_tokenizer_json.cpp).
+std::optional<int64_t> json_integer(const json& v) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    return u > uint64_t(INT64_MAX) ? std::nullopt : std::optional<int64_t>(int64_t(u));
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  return std::nullopt;
+}
+
 // GPT-2's bytes_to_unicode: printable bytes map to themselves, the other 68 to U+0100 onwards.
 std::array<char32_t, 256> bytes_to_unicode() {
   std::array<char32_t, 256> map{};
@@ -389,8 +401,13 @@ void Tokenizer::Impl::parse_sp_decoder(const json& d) {
     utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(c.data()),
                      utf8proc_ssize_t(c.size()), &cp);
     step.strip_char = char32_t(cp);
-    step.start = d.value("start", size_t{0});
-    step.stop = d.value("stop", size_t{0});
+    for (auto [key, field] : {std::pair{"start", &step.start}, std::pair{"stop", &step.stop}}) {
+      if (!d.contains(key)) continue;
+      const auto n = json_integer(d.at(key));
+      if (!n || *n < 0 || *n > 1000000)
+        throw UserError(where("decoder Strip") + ": " + key + " must be a count of characters");
+      *field = size_t(*n);
+    }
   } else if (t == "Metaspace") {
     step.kind = DecodeStep::Kind::metaspace;
     step.from = d.value("replacement", std::string(kMetaspace));
@@ -460,17 +477,21 @@ void Tokenizer::Impl::parse(const json& j) {
   vocab.reserve(v.size() * 2);
   int32_t max_id = -1;
   for (auto it = v.begin(); it != v.end(); ++it) {
-    const int64_t id = it.value().get<int64_t>();
-    if (id < 0 || id > INT32_MAX / 2)
-      throw UserError(where("model.vocab") + ": id " + std::to_string(id) + " of \"" + it.key() +
-                      "\" is out of range");
+    const auto n = json_integer(it.value());
+    if (!n || *n < 0 || *n > INT32_MAX / 2)
+      throw UserError(where("model.vocab") + ": id " + it.value().dump() + " of \"" + it.key() +
+                      "\" is not an id (an integer from 0)");
+    const int64_t id = *n;
     vocab.emplace(it.key(), int32_t(id));
     max_id = std::max(max_id, int32_t(id));
   }
   const json& added_json = j.contains("added_tokens") ? j.at("added_tokens") : json::array();
   for (const auto& a : added_json) {
     AddedToken t;
-    t.id = a.at("id").get<int32_t>();
+    const auto n = json_integer(a.at("id"));
+    if (!n || *n < 0 || *n > INT32_MAX / 2)
+      throw UserError(where("added_tokens") + ": id " + a.at("id").dump() + " is not an id (an integer from 0)");
+    t.id = int32_t(*n);
     t.content = a.at("content").get<std::string>();
     t.special = a.value("special", false);
     t.lstrip = a.value("lstrip", false);

@@ -216,6 +216,16 @@ TEST(TokenizerBpe, BadFilesAreUserErrors) {
   EXPECT_THROW(Tokenizer::from_json(j.dump(), "m.json"), UserError);
   j["model"]["merges"] = json::array({"a zz"});
   EXPECT_THROW(Tokenizer::from_json(j.dump(), "m.json"), UserError);
+  // Ids that are not integers: a float beyond int64's range was undefined behaviour when cast (a
+  // fuzzer finding), a float in range was truncated.
+  for (const json& bad : {json(2.5e35), json(3.5), json(-1), json("7")}) {
+    j = json::parse(tiny_tokenizer({}, true, false));
+    j["model"]["vocab"]["a"] = bad;
+    EXPECT_THROW(Tokenizer::from_json(j.dump(), "v.json"), UserError) << bad.dump();
+    j = json::parse(tiny_tokenizer({}, true, false));
+    j["added_tokens"][0]["id"] = bad;
+    EXPECT_THROW(Tokenizer::from_json(j.dump(), "a.json"), UserError) << bad.dump();
+  }
   j = json::parse(tiny_tokenizer({}, true, false));
   j["model"]["type"] = "WordPiece";
   try {
