@@ -105,7 +105,7 @@ int run(const AttnBenchOptions& o) {
         throw UserError("--impl: '" + item + "' is not flash, fused, fused-backward, gemm or tiled");
   }
   ops::AttentionGemmOptions fused, fused_backward, unfused;
-  fused_backward.fused_backward = true;
+  fused.fused_backward = false;  // "fused": the fused forward with the GEMM path's backward
   if (!o.fused_backward_tiles.empty()) {
     std::stringstream ss(o.fused_backward_tiles);
     std::vector<uint32_t> v;
@@ -123,6 +123,7 @@ int run(const AttnBenchOptions& o) {
     fused_backward.fused_backward_tiles = {v[0], v[1], v[2], v[3]};
   }
   unfused.fused_forward = false;
+  unfused.fused_backward = false;
   auto gemm_options = [&](const std::string& impl) {
     return impl == "fused" ? fused : impl == "fused-backward" ? fused_backward : unfused;
   };

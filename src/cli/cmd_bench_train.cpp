@@ -126,7 +126,7 @@ int run_bench(BenchOptions o) {
   plan_settings.checkpointing = checkpointing;
   plan_settings.fused_attention_backward =
       precision == model::Precision::mixed &&
-      ops::attention_fused_backward_requested(*ctx, static_cast<uint32_t>(c.head_dim));
+      ops::attention_fused_backward_enabled(*ctx, static_cast<uint32_t>(c.head_dim));
   const model::MemoryPlan plan = model::plan_training_memory(c, plan_settings);
   const model::StepFlops flops =
       model::training_step_flops(c, o.batch, o.seq_len, o.lora_rank, plan_settings.targets);

@@ -33,10 +33,10 @@ forja::cli::CommandRegistration reg{"devices", 10, [](CLI::App& app) {
     const std::string fused = ops::attention_fused_forward_unsupported(*ctx, 128);
     std::printf("  mixed: base products on %s; attention through the GEMM kernels, %s\n",
                 ops::gemm_kernel_name(ops::gemm_kernel_for(*ctx, ops::DType::f16)).c_str(),
-                fused.empty() ? (ops::attention_fused_backward_requested(*ctx, 128)
+                fused.empty() ? (ops::attention_fused_backward_enabled(*ctx, 128)
                                      ? "its forward and backward fused (head_dim 128)"
-                                     : "its forward fused (head_dim 128; the fused backward with "
-                                       "FORJA_FUSED_ATTENTION_BACKWARD=1)")
+                                     : "its forward fused (head_dim 128; the fused backward is off: "
+                                       "FORJA_NO_FUSED_ATTENTION_BACKWARD is set)")
                               : ("no fused forward (" + fused + ")").c_str());
     return 0;
   };

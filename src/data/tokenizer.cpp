@@ -46,6 +46,11 @@ std::optional<int64_t> json_integer(const json& v) {
   return std::nullopt;
 }
 
+// Ids at or beyond this are refused, as config.json's vocab_size is (model/config.cpp): the tables
+// indexed by id would otherwise take gigabytes for one stray id (a vocabulary id of about 2^30 ran
+// the tokenizer_json fuzzer out of memory).
+constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+
 // GPT-2's bytes_to_unicode: printable bytes map to themselves, the other 68 to U+0100 onwards.
 std::array<char32_t, 256> bytes_to_unicode() {
   std::array<char32_t, 256> map{};
@@ -478,9 +483,9 @@ void Tokenizer::Impl::parse(const json& j) {
   int32_t max_id = -1;
   for (auto it = v.begin(); it != v.end(); ++it) {
     const auto n = json_integer(it.value());
-    if (!n || *n < 0 || *n > INT32_MAX / 2)
+    if (!n || *n < 0 || *n > kMaxTokenId)
       throw UserError(where("model.vocab") + ": id " + it.value().dump() + " of \"" + it.key() +
-                      "\" is not an id (an integer from 0)");
+                      "\" is not an id (an integer from 0 below 2^24)");
     const int64_t id = *n;
     vocab.emplace(it.key(), int32_t(id));
     max_id = std::max(max_id, int32_t(id));
@@ -489,8 +494,8 @@ void Tokenizer::Impl::parse(const json& j) {
   for (const auto& a : added_json) {
     AddedToken t;
     const auto n = json_integer(a.at("id"));
-    if (!n || *n < 0 || *n > INT32_MAX / 2)
-      throw UserError(where("added_tokens") + ": id " + a.at("id").dump() + " is not an id (an integer from 0)");
+    if (!n || *n < 0 || *n > kMaxTokenId)
+      throw UserError(where("added_tokens") + ": id " + a.at("id").dump() + " is not an id (an integer from 0 below 2^24)");
     t.id = int32_t(*n);
     t.content = a.at("content").get<std::string>();
     t.special = a.value("special", false);
@@ -498,7 +503,7 @@ void Tokenizer::Impl::parse(const json& j) {
     t.rstrip = a.value("rstrip", false);
     t.single_word = a.value("single_word", false);
     t.normalized = a.value("normalized", false);
-    if (t.id < 0 || t.id > INT32_MAX / 2 || t.content.empty())
+    if (t.id < 0 || t.id > kMaxTokenId || t.content.empty())
       throw UserError(where("added_tokens") + ": entry with id " + std::to_string(t.id) +
                       " has a bad id or empty content");
     max_id = std::max(max_id, t.id);

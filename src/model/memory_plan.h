@@ -39,7 +39,7 @@ struct TrainingSettings {
   bool checkpointing = true;          // keep each layer's input only, recompute inside it
   std::int64_t vocab_chunk = 8192;  // LM head + cross-entropy processed this many columns at a time
   double lora_dropout = 0.0;        // > 0 adds the dropout scratch (model/transformer.h)
-  // Mixed precision: attention's backward runs the fused kernels (ops::attention_fused_backward_requested),
+  // Mixed precision: attention's backward runs the fused kernels (ops::attention_fused_backward_enabled),
   // whose scratch is the fp16 copies, not the GEMM path's chunks of scores.
   bool fused_attention_backward = false;
 };

@@ -110,10 +110,10 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
       throw std::logic_error("Transformer: fused_attention_emulated needs attention gemm (mixed precision)");
     fused_attention_forward_ = true;
   }
-  // The fused backward only where asked for until it is measured (ops::AttentionGemmOptions).
+  // The fused backward wherever the fused forward runs, unless turned off (ops::AttentionGemmOptions).
   fused_attention_backward_ =
       options.fused_attention_emulated ||
-      (fused_attention_forward_ && ops::attention_fused_backward_requested(ctx, static_cast<uint32_t>(c_.head_dim)));
+      (fused_attention_forward_ && ops::attention_fused_backward_enabled(ctx, static_cast<uint32_t>(c_.head_dim)));
   using Nf4Products = TransformerOptions::Nf4Products;
   const bool dequantize = options.precision == Precision::mixed && options.nf4_products != Nf4Products::fused;
   max_tokens_ = max_batch * max_seq;

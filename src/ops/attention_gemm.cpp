@@ -387,8 +387,14 @@ uint64_t attention_fused_scratch_bytes(uint32_t sequences, uint32_t seq, uint32_
   return 2 * f16(sequences * m.q_seq()) + 2 * f16(sequences * m.kv_seq()) + sequences * m.stat_seq() * 4;
 }
 
-bool attention_fused_backward_requested(gpu::Context& ctx, uint32_t head_dim) {
-  return gpu::env_flag("FORJA_FUSED_ATTENTION_BACKWARD") && attention_fused_forward_supported(ctx, head_dim);
+bool attention_fused_backward_enabled(gpu::Context& ctx, uint32_t head_dim) {
+  if (gpu::env_flag("FORJA_NO_FUSED_ATTENTION_BACKWARD") || !attention_fused_forward_supported(ctx, head_dim))
+    return false;
+  // The default tiles within the device's shared memory (every device that runs the fused
+  // forward today has 48 KB or more; they need 35 KB at head_dim 128).
+  const AttentionGemmOptions::FusedBackwardTiles t;
+  return std::max(fused_backward_shared_bytes(t.dq_warps, t.dq_keys, head_dim),
+                  fused_backward_shared_bytes(t.kv_warps, t.kv_queries, head_dim)) <= ctx.info().max_shared_memory;
 }
 
 std::string attention_fused_forward_unsupported(gpu::Context& ctx, uint32_t head_dim) {

@@ -293,7 +293,7 @@ void Run::load() {
   ts.lora_dropout = c_.lora_dropout;
   ts.dense_weight_bytes = precision == model::Precision::mixed ? 2 : 4;
   ts.fused_attention_backward = precision == model::Precision::mixed &&
-                                ops::attention_fused_backward_requested(*ctx_, static_cast<uint32_t>(mc_.head_dim));
+                                ops::attention_fused_backward_enabled(*ctx_, static_cast<uint32_t>(mc_.head_dim));
   ts.nf4 = c_.quant == model::BaseQuant::nf4;
   ts.targets.clear();
   for (model::LinearKind k : model::kAllLinears)

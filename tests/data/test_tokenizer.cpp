@@ -217,8 +217,9 @@ TEST(TokenizerBpe, BadFilesAreUserErrors) {
   j["model"]["merges"] = json::array({"a zz"});
   EXPECT_THROW(Tokenizer::from_json(j.dump(), "m.json"), UserError);
   // Ids that are not integers: a float beyond int64's range was undefined behaviour when cast (a
-  // fuzzer finding), a float in range was truncated.
-  for (const json& bad : {json(2.5e35), json(3.5), json(-1), json("7")}) {
+  // fuzzer finding), a float in range was truncated. Ids from 2^24 on (config.json's bound): one
+  // id near 2^30 made tables of gigabytes (a fuzzer finding: out of memory).
+  for (const json& bad : {json(2.5e35), json(3.5), json(-1), json("7"), json(1 << 24), json(1073741823)}) {
     j = json::parse(tiny_tokenizer({}, true, false));
     j["model"]["vocab"]["a"] = bad;
     EXPECT_THROW(Tokenizer::from_json(j.dump(), "v.json"), UserError) << bad.dump();

@@ -48,8 +48,8 @@ class ParityMixed : public GpuTest {};
 
 // The fused attention kernels (ops/attention_gemm.h: forward and backward) in their emulation,
 // which lavapipe runs: the engine's use of them (lse and D, GQA, packing with padding,
-// accumulation over micro-batches) against PyTorch. On a GPU the device run covers the real ones
-// (FORJA_FUSED_ATTENTION_BACKWARD=1, bench/device_check.sh).
+// accumulation over micro-batches) against PyTorch. On a GPU the other ParityMixed cases run the
+// real ones (the default there; bench/device_check.sh).
 TEST_F(ParityMixed, FusedAttentionEmulated) {
   for (const char* name : {"qwen3-tied", "qwen2-packed"}) {
     ParityRun r = mixed(name, model::BaseQuant::none, ops::GemmKernel::automatic, false);
