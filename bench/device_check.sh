@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # One device call that checks and measures what this checkout added since the last GPU run, for
 # the `device` tool (docs/benchmarks.md says how the machine is reached). From the repository
-# root, with .dist/ holding forja, forja_tests and parity/ (tests/reference copied) built here and
-# .gl/ the Vulkan loader packages:
+# root, with .dist/ and .gl/ made by bench/prepare_dist.sh:
 #   bash bench/device_check.sh [PEER_SCRIPT]
-# writes into $OUT: tests.txt (the device-only kernel tests), tests-fused-backward.txt (parity in
-# mixed precision with the fused backward), attn.txt (bench attention with the
-# fused forward, the fused backward and the GEMM path; attn-tiles-*.txt: a sweep of the fused
-# backward's workgroups), train.jsonl (Qwen3-4B NF4 r16 steps with
-# and without the fused backward), peer.jsonl (transformers + PEFT at 1x2048 and 8x2048, same
-# call) and a summary on stdout. About 6 minutes on an H100.
+# writes into $OUT: tests.txt (the device-only kernel tests and parity, fused attention backward
+# on: the default), tests-gemm-backward.txt (parity in mixed precision with the GEMM path's
+# backward), attn.txt (bench attention with the fused forward and backward, the fused forward
+# alone and the GEMM path; attn-tiles-N.txt: a sweep of the fused backward's workgroups),
+# train.jsonl (Qwen3-4B NF4 r16 steps with and without the fused backward), peer.jsonl
+# (transformers + PEFT at 1x2048 and 8x2048, same call) and a summary on stdout. About 6 minutes
+# on an H100.
 set -o pipefail
 source bench/device_env.sh
 export FORJA_PARITY_DIR=$PWD/.dist/parity FORJA_TEST_PROGRAM=$PWD/.dist/forja
@@ -21,27 +21,30 @@ timeout 240 .dist/forja_tests --gtest_filter='AttentionTest.*:GemmTest.*:KernelT
 echo "tests rc=$?"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) " $OUT/tests.txt | head -8
 grep -B2 -A8 "Failure" $OUT/tests.txt | head -40
-# The engine with the fused backward: PyTorch parity in mixed precision and the CLI's mixed run.
-FORJA_FUSED_ATTENTION_BACKWARD=1 timeout 180 .dist/forja_tests --gtest_filter='ParityMixed.*:TrainCli.MixedPrecision*' \
-  > $OUT/tests-fused-backward.txt 2>&1
-echo "tests with the fused backward rc=$?"
-grep -E "^\[  (FAILED|PASSED|SKIPPED) |max relative" $OUT/tests-fused-backward.txt | head -12
-timeout 90 $F bench attention --impl fused,fused-backward,gemm > $OUT/attn.txt 2>&1
+# The engine with the GEMM path's backward: PyTorch parity in mixed precision and the CLI's mixed run.
+FORJA_NO_FUSED_ATTENTION_BACKWARD=1 timeout 180 .dist/forja_tests --gtest_filter='ParityMixed.*:TrainCli.MixedPrecision*' \
+  > $OUT/tests-gemm-backward.txt 2>&1
+echo "tests with the GEMM path's backward rc=$?"
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |max relative" $OUT/tests-gemm-backward.txt | head -12
+timeout 90 $F bench attention --impl fused-backward,fused,gemm > $OUT/attn.txt 2>&1
 tail -8 $OUT/attn.txt
-# The fused backward's workgroups (DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES); the default is 8,32,4,32.
-for t in 8,32,4,32 8,64,4,32 4,32,4,32 8,32,8,32 8,32,4,64 8,32,2,32 4,64,4,64; do
-  timeout 30 $F bench attention --impl fused-backward --fused-backward-tiles $t --reps 3 > $OUT/attn-tiles-$t.txt 2>&1
-  echo "tiles $t: $(grep -E '^fused-' $OUT/attn-tiles-$t.txt | tail -1)"
+# The fused backward's workgroups (DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES); the default is 4,64,4,64.
+# (Output names without commas: the device tool does not bring those back.)
+n=0
+for t in 4,64,4,64 8,64,4,64 4,64,8,64 4,32,4,64 2,64,4,64 4,64,2,64 8,64,8,64; do
+  n=$((n + 1))
+  timeout 30 $F bench attention --impl fused-backward --fused-backward-tiles $t --reps 3 > $OUT/attn-tiles-$n.txt 2>&1
+  echo "tiles $t: $(grep -E '^fused-' $OUT/attn-tiles-$n.txt | tail -1)"
 done
 B="--shape qwen3-4b --peak-tflops 989 --json"
 run() {
   timeout 90 $F bench $B "$@" 2>/dev/null |
-    sed "s/^{/{\"fused_backward\":${FORJA_FUSED_ATTENTION_BACKWARD:-0},/" >> $OUT/train.jsonl
+    sed "s/^{/{\"fused_backward\":$((1 - ${FORJA_NO_FUSED_ATTENTION_BACKWARD:-0})),/" >> $OUT/train.jsonl
 }
 run --batch 1 --seq-len 2048 --grad-checkpointing on --steps 6 --warmup 2
-FORJA_FUSED_ATTENTION_BACKWARD=1 run --batch 1 --seq-len 2048 --grad-checkpointing on --steps 6 --warmup 2
+FORJA_NO_FUSED_ATTENTION_BACKWARD=1 run --batch 1 --seq-len 2048 --grad-checkpointing on --steps 6 --warmup 2
 run --batch 8 --seq-len 2048 --grad-checkpointing on --steps 3 --warmup 1
-FORJA_FUSED_ATTENTION_BACKWARD=1 run --batch 8 --seq-len 2048 --grad-checkpointing on --steps 3 --warmup 1
+FORJA_NO_FUSED_ATTENTION_BACKWARD=1 run --batch 8 --seq-len 2048 --grad-checkpointing on --steps 3 --warmup 1
 python3 -c "
 import json
 for l in open('$OUT/train.jsonl'):

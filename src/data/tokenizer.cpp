@@ -509,6 +509,15 @@ void Tokenizer::Impl::parse(const json& j) {
     max_id = std::max(max_id, t.id);
     added.push_back(std::move(t));
   }
+  // Real vocabularies number their tokens densely (Qwen3: 151,669 tokens, ids 0..151668). Tables
+  // here are indexed by id, so a few tokens with ids in the millions would take hundreds of
+  // megabytes (the tokenizer_json fuzzer's slowest inputs): a file whose ids run far beyond its
+  // token count is refused as damaged.
+  const int64_t tokens = int64_t(vocab.size() + added.size());
+  if (int64_t(max_id) >= 2 * tokens + 1024)
+    throw UserError(where("model.vocab") + ": ids run up to " + std::to_string(max_id) + " for " +
+                    std::to_string(tokens) + " tokens; a tokenizer numbers its tokens from 0 without large gaps "
+                    "(the file looks damaged)");
   vocab_size = max_id + 1;
   id_to_token.assign(size_t(vocab_size), std::string());
   id_flags.assign(size_t(vocab_size), 0);
