@@ -153,14 +153,13 @@ FusedSetup fused_setup(gpu::Context& ctx, const AttentionGemmOptions& o) {
   if (o.fused_emulated) {
     if (o.emulated_row_shift != 1 && o.emulated_row_shift != 2)
       throw std::logic_error("AttentionGemmOptions::emulated_row_shift must be 1 or 2");
+    if (o.emulated_tile != 16 && o.emulated_tile != 32 && o.emulated_tile != 64)
+      throw std::logic_error("AttentionGemmOptions::emulated_tile must be 16, 32 or 64");
     return {true, o.emulated_row_shift, 3 - o.emulated_row_shift};
   }
   const AccumulatorLayout& layout = accumulator_layout(ctx);
   return {false, layout.row_shift, layout.col_shift};
 }
-// The emulation's tiles of keys or queries: within lavapipe's 32 KiB of shared memory at head_dim 128.
-constexpr uint32_t kEmulatedTile = 32;
-
 // Whether the fused kernels run this head_dim here: the real ones where the device has what they
 // need, the emulation anywhere.
 bool fused_runs(gpu::Context& ctx, uint32_t head_dim, const AttentionGemmOptions& o) {
@@ -174,7 +173,7 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
                    const gpu::Buffer& v, const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
                    float scale, const AttentionGemmOptions& o) {
   const FusedSetup f = fused_setup(ctx, o);
-  const uint32_t warps = f.emulated ? 1 : kFusedWarps, keys = f.emulated ? kEmulatedTile : kFusedKeys;
+  const uint32_t warps = f.emulated ? 1 : kFusedWarps, keys = f.emulated ? o.emulated_tile : kFusedKeys;
   const auto& p = ctx.pipelines().get(f.emulated ? kernels::flash_fwd_khr_emu : kernels::flash_fwd_khr,
                                       {warps * 32, warps, keys, m.d, f.row_shift, f.col_shift});
   const uint32_t rows_per_group = warps * 16;
@@ -261,7 +260,7 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
   const FusedSetup fs = fused_setup(ctx, o);
   // The emulation runs one subgroup per workgroup, on tiles that fit lavapipe's shared memory.
   const AttentionGemmOptions::FusedBackwardTiles t =
-      fs.emulated ? AttentionGemmOptions::FusedBackwardTiles{1, kEmulatedTile, 1, kEmulatedTile} : o.fused_backward_tiles;
+      fs.emulated ? AttentionGemmOptions::FusedBackwardTiles{1, o.emulated_tile, 1, o.emulated_tile} : o.fused_backward_tiles;
   check_fused_backward_tiles(ctx, t, m.d);
   const uint32_t dq_warps = t.dq_warps, kv_warps = t.kv_warps;
   auto pipeline = [&](const kernels::Kernel& kernel, const kernels::Kernel& emulation, uint32_t warps,

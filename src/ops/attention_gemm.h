@@ -61,6 +61,10 @@ struct AttentionGemmOptions {
   // 3 - emulated_row_shift} (2: the order of NVIDIA's driver; 1: the other one the kernels know).
   bool fused_emulated = false;
   uint32_t emulated_row_shift = 2;
+  // The emulation's tiles of keys (forward, dq) and of queries (dk, dv): 16, 32 or 64 within the
+  // device's shared memory (lavapipe's 32 KiB hold 32 at head_dim 128, 64 up to head_dim 64), so
+  // the 64-row tiles the real kernels run are covered too.
+  uint32_t emulated_tile = 32;
 };
 
 // Empty when the fused forward runs head_dim on this device, else why not: it needs KHR

@@ -20,6 +20,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "io/float16.h"
 #include "ops/attention.h"
@@ -51,10 +52,13 @@ struct Impl {
   bool fused_forward = false;   // the GEMM path's fused forward kernel (where the device runs it)
   bool fused_backward = false;  // and its fused backward kernels
   uint32_t emulated_row_shift = 0;  // > 0: the fused kernels' emulation, with this accumulator order
+  uint32_t emulated_tile = 32;      // and this tile of keys / queries
   std::string name() const {
     return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) +
                       (fused_forward ? " fused forward" : "") + (fused_backward ? " fused backward" : "") +
-                      (emulated_row_shift ? " emulated, row shift " + std::to_string(emulated_row_shift) : "")
+                      (emulated_row_shift ? " emulated, row shift " + std::to_string(emulated_row_shift) +
+                                                ", tile " + std::to_string(emulated_tile)
+                                          : "")
                 : "tiled";
   }
   ops::AttentionGemmOptions options() const {
@@ -63,6 +67,7 @@ struct Impl {
     o.fused_backward = fused_backward;
     o.fused_emulated = emulated_row_shift > 0;
     if (o.fused_emulated) o.emulated_row_shift = emulated_row_shift;
+    o.emulated_tile = emulated_tile;
     return o;
   }
 };
@@ -256,12 +261,16 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
 // 16 to 128, GQA 1 to 6, causal and packed. Lavapipe compiles each (kernel, head_dim, order) for
 // about 2 s, so few of them are asked for.
 TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
-  const std::pair<Shape, uint32_t> cases[] = {{{2, 7, 4, 2, 16}, 2},  {{1, 37, 2, 1, 128}, 2}, {{2, 70, 6, 1, 16}, 2},
-                                              {{2, 40, 6, 2, 32}, 1}, {{1, 70, 2, 2, 32}, 1}};
-  for (const auto& [s, row_shift] : cases) {
+  // (shape, accumulator order, tile): tile 64 is the real kernels' (forward keys, the backward's
+  // default tiles), within lavapipe's shared memory up to head_dim 64.
+  const std::tuple<Shape, uint32_t, uint32_t> cases[] = {
+      {{2, 7, 4, 2, 16}, 2, 32},  {{1, 37, 2, 1, 128}, 2, 32}, {{2, 70, 6, 1, 16}, 2, 32}, {{2, 40, 6, 2, 32}, 1, 32},
+      {{1, 70, 2, 2, 32}, 1, 32}, {{2, 150, 4, 1, 64}, 2, 64}, {{1, 67, 6, 2, 32}, 1, 64}};
+  for (const auto& [s, row_shift, tile] : cases) {
     Impl fused{true, ops::GemmKernel::automatic, 0, true};
     fused.fused_backward = true;
     fused.emulated_row_shift = row_shift;
+    fused.emulated_tile = tile;
     check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
     check(s, packed_segments(s, rng_), fused);
   }
