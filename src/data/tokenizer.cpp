@@ -503,9 +503,8 @@ void Tokenizer::Impl::parse(const json& j) {
     t.rstrip = a.value("rstrip", false);
     t.single_word = a.value("single_word", false);
     t.normalized = a.value("normalized", false);
-    if (t.id < 0 || t.id > kMaxTokenId || t.content.empty())
-      throw UserError(where("added_tokens") + ": entry with id " + std::to_string(t.id) +
-                      " has a bad id or empty content");
+    if (t.content.empty())  // (the id was checked above)
+      throw UserError(where("added_tokens") + ": entry with id " + std::to_string(t.id) + " has empty content");
     max_id = std::max(max_id, t.id);
     added.push_back(std::move(t));
   }
