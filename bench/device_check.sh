@@ -6,9 +6,10 @@
 # writes into $OUT: tests.txt (the device-only kernel tests and parity, fused attention backward
 # on: the default), tests-gemm-backward.txt (parity in mixed precision with the GEMM path's
 # backward), attn.txt (bench attention with the fused forward and backward, the fused forward
-# alone and the GEMM path; attn-tiles-N.txt: a sweep of the fused backward's workgroups),
+# alone and the GEMM path; attn-tiles.txt: a sweep of the fused backward's workgroups),
 # train.jsonl (Qwen3-4B NF4 r16 steps with and without the fused backward), peer.jsonl
 # (transformers + PEFT at 1x2048 and 8x2048, same call) and a summary on stdout. About 6 minutes
+# (up to 9 on a fresh machine, whose first test run compiles every pipeline: give the call 600 s)
 # on an H100.
 set -o pipefail
 source bench/device_env.sh
@@ -16,7 +17,7 @@ export FORJA_PARITY_DIR=$PWD/.dist/parity FORJA_TEST_PROGRAM=$PWD/.dist/forja
 F=.dist/forja
 OUT=${OUT:?run through the device tool, which sets OUT}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 240 .dist/forja_tests --gtest_filter='AttentionTest.*:GemmTest.*:KernelTable.*:TrainStep.*:ParityMixed.*:Cases/Parity.*:TrainCli.MixedPrecision*' \
+timeout 360 .dist/forja_tests --gtest_filter='AttentionTest.*:GemmTest.*:KernelTable.*:TrainStep.*:ParityMixed.*:Cases/Parity.*:TrainCli.MixedPrecision*' \
   > $OUT/tests.txt 2>&1
 echo "tests rc=$?"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) " $OUT/tests.txt | head -8
@@ -29,12 +30,11 @@ grep -E "^\[  (FAILED|PASSED|SKIPPED) |max relative" $OUT/tests-gemm-backward.tx
 timeout 90 $F bench attention --impl fused-backward,fused,gemm > $OUT/attn.txt 2>&1
 tail -8 $OUT/attn.txt
 # The fused backward's workgroups (DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES); the default is 4,64,4,64.
-# (Output names without commas: the device tool does not bring those back.)
-n=0
+# One file for the sweep: the device tool brings back at most 8 files.
 for t in 4,64,4,64 8,64,4,64 4,64,8,64 4,32,4,64 2,64,4,64 4,64,2,64 8,64,8,64; do
-  n=$((n + 1))
-  timeout 30 $F bench attention --impl fused-backward --fused-backward-tiles $t --reps 3 > $OUT/attn-tiles-$n.txt 2>&1
-  echo "tiles $t: $(grep -E '^fused-' $OUT/attn-tiles-$n.txt | tail -1)"
+  echo "== --fused-backward-tiles $t" >> $OUT/attn-tiles.txt
+  timeout 30 $F bench attention --impl fused-backward --fused-backward-tiles $t --reps 3 >> $OUT/attn-tiles.txt 2>&1
+  echo "tiles $t: $(grep -E '^fused-' $OUT/attn-tiles.txt | tail -1)"
 done
 B="--shape qwen3-4b --peak-tflops 989 --json"
 run() {
