@@ -4,10 +4,13 @@
 // LoRA factors folded in (model/transformer.cpp: x16 | t16 against W | s B, dy16 | dt16 against
 // W ; A). dst[r][c] = fp16(scale * src[r][c]) for c < cols, 0 for cols <= c < width (padding up
 // to whole K tiles), r < rows; both row-major with their own row strides, from element offsets.
-// Rounding is round to nearest even (round_to_f16) as in to_f16. Workgroup row gl_WorkGroupID.y
-// of the dispatch, one invocation per VEC halves along it (grid-stride over the row: no
-// divisions). VEC (specialization constant 0) is 2, or 4 where the host found every source row
-// start, destination row start, cols and width multiples of 4 (one vec4 load, one uvec2 store).
+// Rounding is round to nearest even (round_to_f16) as in to_f16. A workgroup covers 256 / lanes
+// rows, `lanes` invocations to a row (a power of two: 256 for rows wider than 256 chunks, fewer
+// for narrow blocks such as the LoRA factors' [T, 64], which would otherwise leave most of a
+// 256-wide workgroup idle in each of T workgroups); one invocation per VEC halves along the row,
+// grid-stride over it. VEC (specialization constant 0) is 2, or 4 where the host found every
+// source row start, destination row start, cols and width multiples of 4 (one vec4 load, one
+// uvec2 store).
 // _checked also sets flags[pc.flag] |= 1 when a finite source value is beyond fp16's range
 // (beyond_f16): mixed precision's range check of the base products' inputs.
 //! variant to_f16_block
@@ -23,6 +26,7 @@ layout(push_constant) uniform PC {
   uint dst_ld, dst_off;    // in fp16 elements
   float scale;
   uint flag;               // _checked: the flag this conversion sets
+  uint lanes;              // invocations per row: a power of two up to 256
 } pc;
 
 layout(constant_id = 0) const uint VEC = 2;
@@ -36,10 +40,12 @@ layout(set = 0, binding = 2) buffer Flags { uint flags[]; };
 #endif
 
 void main() {
-  const uint r = gl_WorkGroupID.y;
+  const uint lane = gl_LocalInvocationID.x & (pc.lanes - 1u);
+  const uint r = gl_WorkGroupID.y * (256u / pc.lanes) + gl_LocalInvocationID.x / pc.lanes;
+  if (r >= pc.rows) return;  // the last workgroup's spare rows (no barriers below)
   const uint s = pc.src_off + r * pc.src_ld, d = pc.dst_off + r * pc.dst_ld;  // elements, halves
   bool beyond = false;
-  for (uint c = VEC * gl_GlobalInvocationID.x; c < pc.width; c += VEC * gl_NumWorkGroups.x * 256u) {
+  for (uint c = VEC * (gl_WorkGroupID.x * pc.lanes + lane); c < pc.width; c += VEC * gl_NumWorkGroups.x * pc.lanes) {
     if (VEC == 4u) {
       // cols is a multiple of 4: a chunk is all source or all padding
       const vec4 v = c < pc.cols ? pc.scale * src4[(s + c) / 4u] : vec4(0.0);

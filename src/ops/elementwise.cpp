@@ -130,7 +130,7 @@ void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first,
   struct Push {
     uint32_t rows, cols, width, src_ld, src_off, dst_ld, dst_off;
     float scale;
-    uint32_t flag;
+    uint32_t flag, lanes;
   };
   static_assert(kernels::push_block_matches<Push>(kernels::to_f16_block, kernels::to_f16_block_checked));
   // Four halves per invocation where every chunk of 4 is aligned in both matrices (window() starts
@@ -142,19 +142,25 @@ void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first,
   // Rows per dispatch: both windows within the binding limit (and 32-bit indices).
   const uint64_t range = std::min<uint64_t>(usable_binding_bytes(ctx), 1ull << 31);
   const uint64_t row_bytes = std::max<uint64_t>(uint64_t(src_ld) * 4 * (cols > 0), uint64_t(dst_ld) * 2);
-  // one workgroup row per matrix row: at most 65535 rows per dispatch
-  const uint32_t per = static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>({rows, range / row_bytes, 65535})));
+  // Invocations per row: the row's chunks rounded up to a power of two, at most a workgroup; a
+  // workgroup takes kThreads / lanes rows, at most 65535 workgroup rows per dispatch.
+  uint32_t lanes = 1;
+  while (lanes < kThreads && lanes * vec < width) lanes *= 2;
+  const uint32_t rows_per_group = kThreads / lanes;
+  const uint32_t per = static_cast<uint32_t>(
+      std::max<uint64_t>(1, std::min<uint64_t>({rows, range / row_bytes, uint64_t(65535) * rows_per_group})));
   for (uint32_t r0 = 0; r0 < rows; r0 += per) {
     const uint32_t n = std::min(per, rows - r0);
     const Window ws = cols > 0 ? window(ctx, src, (src_first + uint64_t(r0) * src_ld) * 4,
                                         (uint64_t(n - 1) * src_ld + cols) * 4)
                                : window(ctx, src, 0, 4);
     const Window wd = window(ctx, dst, (dst_first + uint64_t(r0) * dst_ld) * 2, (uint64_t(n - 1) * dst_ld + width) * 2, 2);
-    const uint32_t groups_x = (width / vec + kThreads - 1) / kThreads;
+    const uint32_t groups_x = (width / vec + lanes - 1) / lanes;
     std::vector<gpu::Binding> bindings = {{ws.view, gpu::Access::read}, {wd.view, gpu::Access::write}};
     if (flag) bindings.push_back({flag->flags, gpu::Access::read_write});
-    ctx.dispatch(p, bindings, Push{n, cols, width, src_ld, ws.first, dst_ld, wd.first, scale, flag ? flag->index : 0u},
-                 groups_x, n, 1, "to_f16_block");
+    ctx.dispatch(p, bindings,
+                 Push{n, cols, width, src_ld, ws.first, dst_ld, wd.first, scale, flag ? flag->index : 0u, lanes},
+                 groups_x, (n + rows_per_group - 1) / rows_per_group, 1, "to_f16_block");
   }
 }
 

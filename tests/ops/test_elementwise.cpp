@@ -84,7 +84,11 @@ TEST_F(ElementwiseTest, ToF16BlockWritesItsBlockOnly) {
   const Case cases[] = {{5, 3, 8, 7, 2, 12, 4, 1.0f},   {1, 16, 16, 16, 0, 16, 0, 2.0f},
                         {33, 16, 64, 48, 16, 130, 66, -0.5f}, {7, 0, 6, 5, 0, 10, 2, 1.0f},
                         {300, 37, 38, 37, 0, 38, 0, 3.0f},    {9, 12, 20, 16, 4, 24, 8, 1.5f},
-                        {3, 8, 8, 8, 0, 8, 0, 1.0f}};  // the last two: four halves per invocation
+                        {3, 8, 8, 8, 0, 8, 0, 1.0f},  // the last two: four halves per invocation
+                        // narrow blocks, several rows to a workgroup (the last one partly idle)
+                        {1001, 16, 64, 16, 0, 80, 16, 0.5f}, {517, 5, 6, 7, 3, 10, 2, 1.0f},
+                        {70, 0, 64, 4, 0, 64, 0, 1.0f},      {129, 300, 600, 301, 1, 602, 2, 1.0f},
+                        {257, 2, 2, 2, 0, 2, 0, 2.0f}};
   for (const Case& c : cases) {
     SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " -> width " + std::to_string(c.width));
     const size_t src_n = size_t(c.src_first) + size_t(c.rows) * c.src_ld + 4;
