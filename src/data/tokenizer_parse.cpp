@@ -5,12 +5,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include "data/tokenizer_impl.h"
 #include "data/utf8.h"
+#include "io/json_file.h"
 #include "util/error.h"
 
 namespace forja::data {
@@ -54,14 +53,6 @@ constexpr const char* kGpt2Pattern =
 
 // The SentencePiece word marker "▁" (U+2581).
 constexpr std::string_view kMetaspace = "\xE2\x96\x81";
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw UserError(path.string() + ": cannot open the file; check the path and permissions");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 }  // namespace
 
@@ -505,7 +496,7 @@ std::optional<std::string> token_field(const json& cfg, const char* key) {
 void Tokenizer::read_config(const std::filesystem::path& cfg_path) {
   json cfg;
   try {
-    cfg = json::parse(read_file(cfg_path));
+    cfg = json::parse(io::read_text_file(cfg_path));
   } catch (const json::exception& e) {  // parse_error, and out_of_range for a number too large
     throw UserError(cfg_path.string() + ": not valid JSON (" + e.what() + ")");
   }
@@ -550,7 +541,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& model_dir_or_file) {
     throw UserError(file.string() +
                     ": not found; give the model directory that holds tokenizer.json (as "
                     "downloaded from the Hugging Face hub)");
-  Tokenizer t = from_json(read_file(file), file.string());
+  Tokenizer t = from_json(io::read_text_file(file), file.string());
   const fs::path cfg_path = file.parent_path() / "tokenizer_config.json";
   if (fs::exists(cfg_path, ec)) t.read_config(cfg_path);
   return t;
