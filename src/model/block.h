@@ -37,6 +37,18 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& config, int64_t lora_w
 // Elements per token of one role, summed.
 int64_t block_elements_per_token(const ModelConfig& config, int64_t lora_width, BlockRole role);
 
+// Mixed precision dequantises each NF4 projection W [out, in] to fp16 before its products, into
+// one scratch reused by all (model/transformer.cpp): forward [W | LoRA B] with K = in + fold,
+// backward [W ; LoRA A] with fold rows below W, at the row stride dequantised_ld(in) = in + 64.
+// A stride of a multiple of 1024 halves (Qwen3-4B's o_proj, every 4096-wide Llama projection)
+// made the backward's dx = dy W read W's [K, N] tiles at 41-95 TFLOP/s on an H100 instead of
+// 229-314 (docs/benchmarks.md); 64 halves of padding per row take the rows off the same cache
+// sets. Every width is padded alike, so the small test models run the same path.
+uint32_t dequantised_ld(uint32_t in);
+// The scratch's fp16 elements for `config`'s largest projection (fold: the LoRA rank rounded up
+// to 64, 0 without LoRA).
+uint64_t dequantised_scratch_elements(const ModelConfig& config, uint64_t fold);
+
 // The saved tensors of one layer as buffers (fp32; shapes for T tokens).
 struct BlockActs {
   gpu::Buffer h1, rstd1;       // [T, H], [T]        input norm

@@ -102,10 +102,8 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
   if (s.nf4 && s.dense_weight_bytes == 2) {
     // Mixed precision (16-bit dense weights) dequantises each NF4 projection to fp16 before its
     // product, into one scratch of the largest projection (model/transformer.h, Nf4Products).
-    const std::uint64_t h = static_cast<std::uint64_t>(c.hidden_size);
-    const std::uint64_t wide = static_cast<std::uint64_t>(std::max({c.intermediate_size, c.q_dim()}));
-    const std::uint64_t largest = std::max((h + fold) * wide, h * (wide + fold));
-    plan.parts.push_back({"NF4 weight dequantised (fp16)", 2 * largest, "one projection at a time"});
+    plan.parts.push_back({"NF4 weight dequantised (fp16)", 2 * dequantised_scratch_elements(c, fold),
+                          "one projection at a time"});
   }
   if (s.dense_weight_bytes == 2) {
     // Mixed precision rounds each base product's input into one fp16 copy (model/transformer.h).

@@ -56,6 +56,7 @@ Attention resolve_attention(const gpu::Context& ctx, const TransformerOptions& o
   // 2026-12-05), so they are only taken when asked for.
   return Attention::gemm;
 }
+
 }  // namespace
 
 uint64_t TokenBatch::target_count() const {
@@ -136,7 +137,7 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
     for (const BaseLayer& layer : base.layers)
       for (const BaseLinear& lin : layer.linears)
         if (lin.nf4)
-          largest = std::max<uint64_t>({largest, uint64_t(lin.out + P) * lin.in, uint64_t(lin.out) * (lin.in + P)});
+          largest = std::max<uint64_t>({largest, uint64_t(lin.out + P) * dequantised_ld(lin.in), uint64_t(lin.out) * (lin.in + P)});
     if (largest > 0) nf4_scratch_ = alloc((largest * 2 + 3) / 4 * 4, "nf4 dequantised weight (fp16)");
   }
   if (input_copies) {
@@ -212,8 +213,9 @@ MatrixView Transformer::base_fp16(const BaseLinear& lin) {
   if (!lin.nf4) return MatrixView{lin.dense, lin.dense_dtype, 0, lin.in};
   // The scratch is reused by every product; the context orders this write after the previous
   // product's reads (the bindings' access flags).
-  ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16);
-  return MatrixView{nf4_scratch_, DType::f16, 0, lin.in};
+  const uint32_t ld = dequantised_ld(lin.in);
+  ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16, ld);
+  return MatrixView{nf4_scratch_, DType::f16, 0, ld};
 }
 
 int Transformer::range_site(size_t layer, LinearKind kind) {
@@ -441,12 +443,13 @@ void Transformer::linear_backward_folded(const BaseLinear& lin, const LoraSlot& 
   ops::to_f16_block(ctx_, grad_->dt, column, lora_width_, dt16_, column, lora_width_, T, r, r);
   // dx (=|+=) [dy | dt] [W ; A]: the LoRA part of dx inside the base product, K = out + P (dt and
   // A rounded to fp16, zero rows up to P).
-  ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16);
-  const uint64_t below = uint64_t(lin.out) * lin.in;  // W's elements: A's rows follow
-  ops::to_f16_block(ctx_, lora_.params(), s.a_offset, lin.in, nf4_scratch_, below, lin.in, r, lin.in, lin.in);
+  const uint32_t ld = dequantised_ld(lin.in);
+  ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16, ld);
+  const uint64_t below = uint64_t(lin.out) * ld;  // W's rows: A's rows follow
+  ops::to_f16_block(ctx_, lora_.params(), s.a_offset, lin.in, nf4_scratch_, below, ld, r, lin.in, lin.in);
   if (P > r)
-    ops::to_f16_block(ctx_, lora_.params(), 0, lin.in, nf4_scratch_, below + uint64_t(r) * lin.in, lin.in, P - r, 0, lin.in);
-  ops::gemm(ctx_, GemmShape{T, lin.in, K, false, false, 1.0f, beta}, dy16, MatrixView{nf4_scratch_, DType::f16, 0, lin.in},
+    ops::to_f16_block(ctx_, lora_.params(), 0, lin.in, nf4_scratch_, below + uint64_t(r) * ld, ld, P - r, 0, lin.in);
+  ops::gemm(ctx_, GemmShape{T, lin.in, K, false, false, 1.0f, beta}, dy16, MatrixView{nf4_scratch_, DType::f16, 0, ld},
             MatrixView{dx, DType::f32, 0, lin.in}, options_.base_kernel);
   if (grouped) return;  // dA for the group: lora_group_backward
   // dA += dt^T x                  [r, in]

@@ -1,7 +1,9 @@
 #include "ops/gemm.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 
 #include "kernels/kernel_table.h"
@@ -76,15 +78,16 @@ bool khr_available(const gpu::Context& ctx) {
   return ctx.info().khr_fragment.m != 0 && kernels::gemm_khr.built;
 }
 
-// NV2 tiles: {BM, BN, BK, workgroup size, K tiles per loop body, GROUP_M}. From the probe on an
-// H200 (docs/benchmarks.md): 128x256x64 on 256 invocations with 8 K tiles per body for outputs
-// that fill about two waves or more (238.7 TFLOP/s at 2048x9728x2560, 257 at 2048x4096x2560),
-// 128x128x64 with the GROUP_M = 8 swizzle for narrower ones (199.5 at 2048x2560x9728, 233 at
-// 2048x1024x2560, where 128x256 runs at 174 and 153), 64x64x64 on 128 for small ones.
+// NV2 tiles: {BM, BN, BK, workgroup size, K tiles per loop body, GROUP_M}. Measured on an H100
+// at the training step's shapes (M = 16384, bench/cm2_tile_sweep.sh, docs/benchmarks.md):
+// 128x128x64 on 128 invocations (four subgroups of 64x64) runs at 245-314 TFLOP/s on every
+// Qwen3-4B product, forward (NT) and backward (NN), where the H200 probe's 128x256x64 on 256
+// (../shared/tools/cm2probe) gave 196-268 and 128x128x64 on 256 218-233. 64x64x64 on 128 is
+// for products too small to give every compute unit half a 128x128 tile.
 struct Cm2Tile {
   uint32_t bm, bn, bk, threads, unroll, group_m;
 };
-const Cm2Tile kCm2Wide{128, 256, 64, 256, 8, 1}, kCm2Square{128, 128, 64, 256, 4, 8}, kCm2Small{64, 64, 64, 128, 4, 8};
+const Cm2Tile kCm2Square{128, 128, 64, 128, 4, 8}, kCm2Small{64, 64, 64, 128, 4, 8};
 
 // Whether the device lists an fp16 x fp16 + fp32 workgroup-scope shape for this tile.
 bool cm2_tile_supported(const gpu::DeviceInfo& info, const Cm2Tile& t) {
@@ -98,14 +101,31 @@ bool cm2_tile_supported(const gpu::DeviceInfo& info, const Cm2Tile& t) {
 }
 bool cm2_available(const gpu::Context& ctx) {
   const gpu::DeviceInfo& info = ctx.info();
-  return info.nv_coopmat2 && kernels::gemm_cm2.built && cm2_tile_supported(info, kCm2Wide) &&
-         cm2_tile_supported(info, kCm2Square) && cm2_tile_supported(info, kCm2Small);
+  return info.nv_coopmat2 && kernels::gemm_cm2.built && cm2_tile_supported(info, kCm2Square) &&
+         cm2_tile_supported(info, kCm2Small);
 }
 
-Cm2Tile cm2_tile(const GemmShape& s, uint32_t compute_units) {
-  const uint32_t cu = compute_units ? compute_units : 64;
+// FORJA_CM2_TILE=BMxBNxBK/threads/unroll/group_m (e.g. 128x256x64/256/8/1): every NV2 product
+// uses that tile, for measuring tiles against each other (bench/cm2_tile_sweep.sh); products
+// whose sizes are not multiples of the tile take the bounds-checked variant as usual.
+std::optional<Cm2Tile> cm2_tile_override(const gpu::DeviceInfo& info) {
+  const char* v = std::getenv("FORJA_CM2_TILE");
+  if (!v || !*v) return std::nullopt;
+  Cm2Tile t{};
+  char end = 0;
+  if (std::sscanf(v, "%ux%ux%u/%u/%u/%u%c", &t.bm, &t.bn, &t.bk, &t.threads, &t.unroll, &t.group_m, &end) != 6 ||
+      !t.bm || !t.bn || !t.bk || !t.unroll || !t.group_m)
+    throw UserError(std::string("FORJA_CM2_TILE=") + v + " is not BMxBNxBK/threads/unroll/group_m (e.g. 128x256x64/256/8/1)");
+  if (!cm2_tile_supported(info, t))
+    throw UserError(std::string("FORJA_CM2_TILE=") + v + ": the device lists no fp16 workgroup-scope shape for this tile");
+  return t;
+}
+
+Cm2Tile cm2_tile(const GemmShape& s, const gpu::DeviceInfo& info) {
+  static const std::optional<Cm2Tile> forced = cm2_tile_override(info);
+  if (forced) return *forced;
+  const uint32_t cu = info.compute_units ? info.compute_units : 64;
   auto groups = [&](const Cm2Tile& t) { return uint64_t((s.m + t.bm - 1) / t.bm) * ((s.n + t.bn - 1) / t.bn) * s.batch; };
-  if (s.n >= 256 && groups(kCm2Wide) * 10 >= uint64_t(cu) * 18) return kCm2Wide;
   if (groups(kCm2Square) * 2 >= cu) return kCm2Square;
   return kCm2Small;
 }
@@ -256,7 +276,7 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
     return;
   }
   if (kernel == GemmKernel::nv_coopmat2) {
-    const Cm2Tile t = cm2_tile(s, ctx.info().compute_units);
+    const Cm2Tile t = cm2_tile(s, ctx.info());
     const bool exact = s.m % t.bm == 0 && s.n % t.bn == 0 && s.k % t.bk == 0;
     const bool aligned = a.ld % 8 == 0 && b.ld % 8 == 0 && c.ld % 8 == 0;
     const kernels::Kernel& k = mixed ? (exact ? kernels::gemm_cm2_af32 : kernels::gemm_cm2_af32_edge)

@@ -11,7 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
+#include "model/precision.h"
 #include "support/cli_runner.h"
+#include "support/gpu_fixture.h"
 
 namespace forja::cli {
 namespace {
@@ -64,7 +66,8 @@ TEST_F(BenchCli, TinyShapeJsonLine) {
   EXPECT_EQ(j.at("batch"), 2);
   EXPECT_EQ(j.at("seq"), 24);
   EXPECT_EQ(j.at("quant"), "nf4");
-  EXPECT_EQ(j.at("precision"), "fp32");
+  // --precision auto: fp32 on lavapipe, mixed where the device has cooperative matrices
+  EXPECT_EQ(j.at("precision"), model::precision_name(model::resolve_precision("auto", test::gpu_context())));
   EXPECT_EQ(j.at("rank"), 16);
   EXPECT_EQ(j.at("grad_ckpt"), true);
   EXPECT_EQ(j.at("host_waits_per_step"), 1) << "a step waits for the GPU once (train/step.h)";

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The Qwen3-4B training step (NF4, r16 on all seven, mixed, checkpointing) of two forja binaries
+# on one device, alternated, and the peer in the same call, for the `device` tool
+# (docs/benchmarks.md). From the repository root, with .dist/ and .gl/ made by
+# bench/prepare_dist.sh and the baseline binary copied to .dist/forja-before:
+#   OUT=... bash bench/ab_step.sh [PEER_SCRIPT]
+# writes $OUT/train.jsonl (one line per run, "binary" added: before or after) and
+# $OUT/peer.jsonl, and prints tokens/s per run.
+set -o pipefail
+source bench/device_env.sh
+OUT=${OUT:?run through the device tool, which sets OUT}
+B="--shape qwen3-4b --peak-tflops 989 --json --grad-checkpointing on"
+for shape in "--batch 1 --seq-len 2048 --steps 6 --warmup 2" "--batch 8 --seq-len 2048 --steps 3 --warmup 1"; do
+  for bin in before after before after; do
+    f=.dist/forja; [ $bin = before ] && f=.dist/forja-before
+    timeout 120 $f bench $B $shape 2>/dev/null | sed "s/^{/{\"binary\":\"$bin\",/" >> $OUT/train.jsonl
+    tail -1 $OUT/train.jsonl | python3 -c "
+import json, sys
+d = json.loads(sys.stdin.read())
+print(d['binary'], d['batch'], d['seq'], round(d['tokens_per_s']), round(d['step_ms'], 1), round(d['peak_gib'], 2), round(d['mfu'], 3))"
+  done
+done
+PEER=${1:-}
+if [ -n "$PEER" ] && [ -f "$PEER" ]; then
+  timeout 300 python3 -c "
+import sys
+sys.path.insert(0, '$(dirname "$PEER")')
+import $(basename "$PEER" .py) as peer
+for batch in (1, 8):
+    try:
+        peer.run('qwen3-4b', batch, 2048, True)
+    except Exception as e:
+        print('peer', batch, 'failed:', str(e)[:200], flush=True)
+" > $OUT/peer.jsonl 2>$OUT/peer.err
+  cat $OUT/peer.jsonl
+fi
