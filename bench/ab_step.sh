@@ -5,19 +5,25 @@
 # bench/prepare_dist.sh and the baseline binary copied to .dist/forja-before:
 #   OUT=... bash bench/ab_step.sh [PEER_SCRIPT]
 # writes $OUT/train.jsonl (one line per run, "binary" added: before or after) and
-# $OUT/peer.jsonl, and prints tokens/s per run.
+# $OUT/peer.jsonl, and prints tokens/s per run. AB_SHAPES (BATCHxSEQ[:ckpt], space-separated;
+# default "1x2048:ckpt 8x2048:ckpt") picks the shapes, each for forja and the peer.
 set -o pipefail
 source bench/device_env.sh
 OUT=${OUT:?run through the device tool, which sets OUT}
-B="--shape qwen3-4b --peak-tflops 989 --json --grad-checkpointing on"
-for shape in "--batch 1 --seq-len 2048 --steps 6 --warmup 2" "--batch 8 --seq-len 2048 --steps 3 --warmup 1"; do
+B="--shape qwen3-4b --peak-tflops 989 --json"
+shapes=(${AB_SHAPES:-1x2048:ckpt 8x2048:ckpt})
+for shape in "${shapes[@]}"; do
+  bs=${shape%%:*} batch=${bs%x*} seq=${bs#*x}
+  ckpt=off; [ "${shape#*:}" = ckpt ] && ckpt=on
+  steps="--steps 6 --warmup 2"; [ $((batch * seq)) -gt 8192 ] && steps="--steps 3 --warmup 1"
   for bin in before after before after; do
     f=.dist/forja; [ $bin = before ] && f=.dist/forja-before
-    timeout 120 $f bench $B $shape 2>/dev/null | sed "s/^{/{\"binary\":\"$bin\",/" >> $OUT/train.jsonl
+    timeout 120 $f bench $B --batch $batch --seq-len $seq --grad-checkpointing $ckpt $steps 2>/dev/null |
+      sed "s/^{/{\"binary\":\"$bin\",/" >> $OUT/train.jsonl
     tail -1 $OUT/train.jsonl | python3 -c "
 import json, sys
 d = json.loads(sys.stdin.read())
-print(d['binary'], d['batch'], d['seq'], round(d['tokens_per_s']), round(d['step_ms'], 1), round(d['peak_gib'], 2), round(d['mfu'], 3))"
+print(d['binary'], d['batch'], d['seq'], d['grad_ckpt'], round(d['tokens_per_s']), round(d['step_ms'], 1), round(d['peak_gib'], 2), round(d['mfu'], 3))"
   done
 done
 PEER=${1:-}
@@ -26,11 +32,13 @@ if [ -n "$PEER" ] && [ -f "$PEER" ]; then
 import sys
 sys.path.insert(0, '$(dirname "$PEER")')
 import $(basename "$PEER" .py) as peer
-for batch in (1, 8):
+for shape in '${shapes[*]}'.split():
+    bs, _, ckpt = shape.partition(':')
+    batch, seq = map(int, bs.split('x'))
     try:
-        peer.run('qwen3-4b', batch, 2048, True)
+        peer.run('qwen3-4b', batch, seq, ckpt == 'ckpt')
     except Exception as e:
-        print('peer', batch, 'failed:', str(e)[:200], flush=True)
+        print('peer', shape, 'failed:', str(e)[:200], flush=True)
 " > $OUT/peer.jsonl 2>$OUT/peer.err
   cat $OUT/peer.jsonl
 fi
