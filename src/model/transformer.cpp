@@ -137,7 +137,8 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
     for (const BaseLayer& layer : base.layers)
       for (const BaseLinear& lin : layer.linears)
         if (lin.nf4)
-          largest = std::max<uint64_t>({largest, uint64_t(lin.out + P) * dequantised_ld(lin.in), uint64_t(lin.out) * (lin.in + P)});
+          largest = std::max<uint64_t>(
+              {largest, uint64_t(lin.out + P) * dequantised_ld(lin.in), uint64_t(lin.out) * (lin.in + P)});
     if (largest > 0) nf4_scratch_ = alloc((largest * 2 + 3) / 4 * 4, "nf4 dequantised weight (fp16)");
   }
   if (input_copies) {

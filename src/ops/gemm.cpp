@@ -115,9 +115,11 @@ std::optional<Cm2Tile> cm2_tile_override(const gpu::DeviceInfo& info) {
   char end = 0;
   if (std::sscanf(v, "%ux%ux%u/%u/%u/%u%c", &t.bm, &t.bn, &t.bk, &t.threads, &t.unroll, &t.group_m, &end) != 6 ||
       !t.bm || !t.bn || !t.bk || !t.unroll || !t.group_m)
-    throw UserError(std::string("FORJA_CM2_TILE=") + v + " is not BMxBNxBK/threads/unroll/group_m (e.g. 128x256x64/256/8/1)");
+    throw UserError(std::string("FORJA_CM2_TILE=") + v +
+                    " is not BMxBNxBK/threads/unroll/group_m (e.g. 128x128x64/128/4/8)");
   if (!cm2_tile_supported(info, t))
-    throw UserError(std::string("FORJA_CM2_TILE=") + v + ": the device lists no fp16 workgroup-scope shape for this tile");
+    throw UserError(std::string("FORJA_CM2_TILE=") + v +
+                    ": the device lists no fp16 workgroup-scope shape for this tile");
   return t;
 }
 
