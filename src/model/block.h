@@ -45,8 +45,9 @@ int64_t block_elements_per_token(const ModelConfig& config, int64_t lora_width, 
 // 229-314 (docs/benchmarks.md); 64 halves of padding per row take the rows off the same cache
 // sets. Every width is padded alike, so the small test models run the same path.
 uint32_t dequantised_ld(uint32_t in);
-// The scratch's fp16 elements for `config`'s largest projection (fold: the LoRA rank rounded up
-// to 64, 0 without LoRA).
+// The scratch's fp16 elements for one projection [out, in], the larger of its two layouts (fold:
+// the LoRA rank rounded up to 64, 0 without LoRA), and for `config`'s largest projection.
+uint64_t dequantised_elements(uint64_t out, uint32_t in, uint64_t fold);
 uint64_t dequantised_scratch_elements(const ModelConfig& config, uint64_t fold);
 
 // The saved tensors of one layer as buffers (fp32; shapes for T tokens).

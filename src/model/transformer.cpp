@@ -136,9 +136,7 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
     uint64_t largest = 0;  // fp16 elements: W, with room for the LoRA factor beside or below it
     for (const BaseLayer& layer : base.layers)
       for (const BaseLinear& lin : layer.linears)
-        if (lin.nf4)
-          largest = std::max<uint64_t>(
-              {largest, uint64_t(lin.out + P) * dequantised_ld(lin.in), uint64_t(lin.out) * (lin.in + P)});
+        if (lin.nf4) largest = std::max(largest, dequantised_elements(lin.out, lin.in, P));
     if (largest > 0) nf4_scratch_ = alloc((largest * 2 + 3) / 4 * 4, "nf4 dequantised weight (fp16)");
   }
   if (input_copies) {
