@@ -8,8 +8,10 @@
 # (N, K) of Qwen3-4B's products with LoRA folded in (K = in + 64 forward, out + 64 backward):
 # q 4096x2624, k/v 1024x2624, o 2560x4160, gate/up 9728x2624, down 2560x9792 forward; the
 # backward's NN reads the same pairs the other way (2560x4160 q, 2560x1088 k/v, 4096x2624 o,
-# 2560x9792 gate/up, 9728x2624 down). Writes $OUT/cm2-tiles.txt (every line) and prints each
-# tile's best few per shape. TILEs (BMxBNxBK/threads/unroll/group_m, or auto) replace the list below.
+# 2560x9792 gate/up, 9728x2624 down). The bench's NN reads B at row stride N, unpadded: at
+# N = 4096 that is the stride the engine no longer uses (model::dequantised_ld), so that line
+# shows the slow case. Writes $OUT/cm2-tiles.txt (every line) and prints, per shape, the
+# automatic tile's figure and the best four. TILEs (BMxBNxBK/threads/unroll/group_m, or auto) replace the list below.
 # The first product of a process measured low (the GPU's clocks still rising): a throwaway
 # 8192^3 product runs first.
 set -o pipefail
