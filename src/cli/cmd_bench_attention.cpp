@@ -281,7 +281,7 @@ forja::cli::CommandRegistration reg{"bench-attention", 82, [](CLI::App& app) {
   cmd->add_flag("--packed", o->packed, "Four packed documents per sequence instead of one");
   cmd->add_option("--fused-backward-tiles", o->fused_backward_tiles,
                   "fused-backward's workgroups: DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (subgroups 1/2/4/8, tiles "
-                  "16/32/64; default 8,32,4,32)");
+                  "16/32/64; default 4,64,4,32)");
   cmd->add_option("--reps", o->reps, "Timed repetitions (best is reported)")->check(CLI::Range(1, 1000));
   cmd->add_option("--device", o->device, "Vulkan device index");
   return [o, cmd]() -> int {

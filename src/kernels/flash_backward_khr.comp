@@ -1,5 +1,5 @@
 #version 450
-// The attention backward of mixed precision fused into three kernels (ops/attention_gemm.h: the
+// The attention backward of mixed precision fused into two kernels (ops/attention_gemm.h: the
 // GEMM path's backward where AttentionGemmOptions::fused_backward asks for it), the companion of
 // flash_forward_khr.comp: the same subgroup-scope cooperative matrices (GL_KHR_cooperative_matrix,
 // 16x16x16 fp16 with fp32 accumulation), the same accumulator lane pattern (ROW_SHIFT and
@@ -8,15 +8,17 @@
 // forward's lse per tile and never stored; dS = P (dP - D) with D = rowsum(dout * out) made
 // beforehand (attention_row_dot.comp).
 //
-//   DQ  one workgroup per (BR = 16 x WARPS query rows, head, sequence); each subgroup holds its 16
-//       rows of q and dout as A fragments and dq as accumulators; per key tile of BC keys (K and V
-//       staged in shared memory): S = q K^T, dP = dout V^T, dS in registers, dq += dS K.
-//   DK  one workgroup per (BK = 16 x WARPS keys, kv head, sequence); keys are the rows: each
-//       subgroup holds its 16 keys of k and v as A fragments and dk as accumulators; for every
-//       query head of the kv head and every query tile of BQ rows (q, dout, lse and D staged):
-//       S^T = k Q^T, dP^T = v dout^T, dS^T in registers, dk += dS^T Q. The query heads of a kv
-//       head are summed here (GQA), so nothing is written twice and no atomics are needed.
-//   DV  as DK with only k: S^T = k Q^T, P^T in registers, dv += P^T dout.
+//   DQ   one workgroup per (BR = 16 x WARPS query rows, head, sequence); each subgroup holds its
+//        16 rows of q and dout as A fragments and dq as accumulators; per key tile of BC keys (K
+//        and V staged in shared memory): S = q K^T, dP = dout V^T, dS in registers, dq += dS K.
+//   DKV  one workgroup per (BK = 16 x WARPS keys, kv head, sequence); keys are the rows: each
+//        subgroup holds its 16 keys of k as A fragments (v's are read from shared memory) and dk
+//        and dv as accumulators; for every query head of the kv head and every query tile of BQ
+//        rows (q, dout, lse and D staged): S^T = k Q^T, dP^T = v dout^T, P^T and dS^T in
+//        registers, dv += P^T dout, dk += dS^T Q. One pass computes P for both (separate dk and
+//        dv kernels recomputed it twice: 8 products per visible pair in all, now 7). The query
+//        heads of a kv head are summed here (GQA), so nothing is written twice and no atomics
+//        are needed.
 // Every reduction runs along the product's K dimension (keys for dq, queries for dk and dv), so
 // no lane exchanges anything outside the cooperative-matrix products.
 //
@@ -26,15 +28,13 @@
 // [tokens, heads, d]; rows past the sequence are not written.
 //
 // Specialization constants: 0 workgroup size (32 x WARPS), 1 WARPS, 2 BT (BC keys per tile for
-// DQ; BQ queries per tile for DK and DV), 3 HD (= head_dim, a multiple of 16 up to 128), 4
+// DQ; BQ queries per tile for DKV), 3 HD (= head_dim, a multiple of 16 up to 128), 4
 // ROW_SHIFT, 5 COL_SHIFT (the accumulator's element order, as flash_forward_khr.comp). The _emu
 // variants: the same without cooperative matrices (flash_khr_common.glsl), WARPS 1.
 //! variant flash_bwd_dq_khr -DDQ requires=nv_coopmat2
-//! variant flash_bwd_dk_khr -DDK requires=nv_coopmat2
-//! variant flash_bwd_dv_khr -DDV requires=nv_coopmat2
+//! variant flash_bwd_dkv_khr -DDKV requires=nv_coopmat2
 //! variant flash_bwd_dq_khr_emu -DDQ -DEMULATE
-//! variant flash_bwd_dk_khr_emu -DDK -DEMULATE
-//! variant flash_bwd_dv_khr_emu -DDV -DEMULATE
+//! variant flash_bwd_dkv_khr_emu -DDKV -DEMULATE
 #extension GL_GOOGLE_include_directive : enable
 #include "flash_khr_extensions.glsl"
 
@@ -48,7 +48,7 @@ layout(constant_id = 5) const uint COL_SHIFT = 1;
 layout(push_constant) uniform PC {
   uint seq, n_heads, n_kv_heads, head_dim;
   float scale;
-  uint seg_off, lse_off, drow_off, out_off;  // element offsets in their bindings
+  uint seg_off, lse_off, drow_off, out_off, dv_off;  // element offsets in their bindings (dv_off: DKV)
 } pc;
 
 // fp16 copies [tokens, heads, d] (ops::to_f16_block), 8 halves per uvec4, from their start.
@@ -59,7 +59,10 @@ layout(set = 0, binding = 3) readonly buffer DO { uvec4 do8[]; };
 layout(set = 0, binding = 4) readonly buffer Seg { int seg[]; };
 layout(set = 0, binding = 5) readonly buffer Lse { float lse[]; };   // [B, nh, S], natural log
 layout(set = 0, binding = 6) readonly buffer Drow { float drow[]; };  // [B, nh, S], rowsum(dout * out)
-layout(set = 0, binding = 7) writeonly buffer Out { float o[]; };    // dq, dk or dv
+layout(set = 0, binding = 7) writeonly buffer Out { float o[]; };    // dq or dk
+#if defined(DKV)
+layout(set = 0, binding = 8) writeonly buffer Out2 { float o2[]; };  // dv
+#endif
 
 #define LOG2E 1.4426950408889634
 
@@ -70,11 +73,17 @@ const uint NF = BT / 16u;       // fragments across a tile
 const uint CH = HD / 8u;        // uvec4 chunks (8 halves) per staged row
 const uint LD = CH + 1u;        // staged row stride in uvec4: one chunk of padding against bank conflicts
 const uint TILE = BT * LD;
+#if defined(DQ)
+const uint OWN = 0u;  // the workgroup's own rows are staged before the loop, where the tiles go
 const uint SH_SIZE = 2u * TILE > ROWS * LD ? 2u * TILE : ROWS * LD;
+#else
+const uint OWN = 2u * TILE;  // the workgroup's own rows of v stay there through the loop
+const uint SH_SIZE = 2u * TILE + ROWS * LD;
+#endif
 
-shared uvec4 sh[SH_SIZE];  // before the loop: the workgroup's own rows; in it: two tiles at 0 and TILE
+shared uvec4 sh[SH_SIZE];  // two tiles at 0 and TILE, the workgroup's own rows at OWN
 shared int sseg[BT];       // the tile's segment ids
-#if !defined(DQ)
+#if defined(DKV)
 shared float slse[BT];  // the query tile's lse * log2(e)
 shared float sdrow[BT];  // and its D
 #endif
@@ -178,22 +187,20 @@ void main() {
   const uint out_first = pc.out_off + (tok0 * nh + h) * d, out_ld = nh * d;
 
 #else
-  // ---- dk, dv: rows are keys of kv head g ---------------------------------------------------
+  // ---- dk and dv: rows are keys of kv head g ----------------------------------------------
   const uint g = gl_WorkGroupID.y;
   const uint k_first = (tok0 * nkv + g) * d;
+  // k as A fragments in registers; v staged at OWN for the whole loop (its A fragments are read
+  // from there per tile: registers for both would spill next to two sets of accumulators).
   FRAG_A ka[HF];
-  STAGE(k8, 0u, r0, ROWS, k_first, nkv * d);
+  STAGE(k8, OWN, r0, ROWS, k_first, nkv * d);
   barrier();
   UNROLL for (uint k = 0u; k < HF; ++k)
-    LOAD(ka[k], warp * 16u * LD + 2u * k, ROW_MAJOR);
-#if defined(DK)
-  FRAG_A va[HF];
+    LOAD(ka[k], OWN + warp * 16u * LD + 2u * k, ROW_MAJOR);
   barrier();
-  STAGE(v8, 0u, r0, ROWS, k_first, nkv * d);
-  barrier();
-  UNROLL for (uint k = 0u; k < HF; ++k)
-    LOAD(va[k], warp * 16u * LD + 2u * k, ROW_MAJOR);
-#endif
+  STAGE(v8, OWN, r0, ROWS, k_first, nkv * d);
+  FRAG_C dv[HF];  // acc holds dk
+  UNROLL for (uint f = 0u; f < HF; ++f) dv[f] = C_ZERO;
 
   for (uint hq = 0u; hq < rep; ++hq) {
     const uint h = g * rep + hq;
@@ -205,7 +212,7 @@ void main() {
       bool cgap;
       segment_range(sbase, c0, BT, clo, chi, cgap);
       if (chi < rlo || clo > rhi) continue;  // no visible pair (the same decision in every subgroup)
-      barrier();                             // every subgroup is done with the previous tile
+      barrier();                             // every subgroup is done with the previous tile (and v is staged)
       STAGE(q8, 0u, c0, BT, q_first, nh * d);
       STAGE(do8, TILE, c0, BT, q_first, nh * d);
       for (uint c = gl_LocalInvocationIndex; c < BT; c += NT) {
@@ -218,29 +225,26 @@ void main() {
       if (c0 + BT <= rw) continue;  // every query of the tile is before this subgroup's first key
       const bool full = !rgap && !cgap && rlo == rhi && clo == chi && rlo == clo && c0 >= rw + 15u;
 
-      // S^T = k Q^T (and for dk dP^T = v dout^T): Q and dout are staged [query][d], so Q^T and
-      // dout^T are their column-major readings.
-      FRAG_C s[NF];
-#if defined(DK)
-      FRAG_C dp[NF];
-#endif
+      // S^T = k Q^T and dP^T = v dout^T: Q and dout are staged [query][d], so Q^T and dout^T are
+      // their column-major readings.
+      FRAG_C s[NF], dp[NF];
       UNROLL for (uint n = 0u; n < NF; ++n) {
         s[n] = C_ZERO;
-#if defined(DK)
         dp[n] = C_ZERO;
-#endif
-        UNROLL for (uint k = 0u; k < HF; ++k) {
-          FRAG_B qb;
+      }
+      UNROLL for (uint k = 0u; k < HF; ++k) {
+        FRAG_A va;
+        LOAD(va, OWN + warp * 16u * LD + 2u * k, ROW_MAJOR);
+        UNROLL for (uint n = 0u; n < NF; ++n) {
+          FRAG_B qb, db;
           LOAD(qb, n * 16u * LD + 2u * k, COL_MAJOR);
           s[n] = MMA(ka[k], qb, s[n]);
-#if defined(DK)
-          FRAG_B db;
           LOAD(db, TILE + n * 16u * LD + 2u * k, COL_MAJOR);
-          dp[n] = MMA(va[k], db, dp[n]);
-#endif
+          dp[n] = MMA(va, db, dp[n]);
         }
       }
-      // P^T = exp2(S^T s2 - lse2[query]), 0 where masked; dk: dS^T = P^T (dP^T - D[query]).
+      // P^T = exp2(S^T s2 - lse2[query]), 0 where masked (into s); dS^T = P^T (dP^T - D[query])
+      // (into dp).
       UNROLL for (uint n = 0u; n < NF; ++n) {
         UNROLL for (uint i = 0u; i < 8u; ++i) {
           const uint hh = (i >> ROW_SHIFT) & 1u;
@@ -248,40 +252,40 @@ void main() {
           bool visible = true;
           if (!full) visible = row[hh] <= c0 + c && c0 + c < pc.seq && rseg[hh] != 0 && sseg[c] == rseg[hh];
           const float p = visible ? exp2(s[n][i] * s2 - slse[c]) : 0.0;
-#if defined(DK)
-          s[n][i] = p * (dp[n][i] - sdrow[c]);
-#else
           s[n][i] = p;
-#endif
+          dp[n][i] = p * (dp[n][i] - sdrow[c]);
         }
       }
-      // dk += dS^T Q, dv += P^T dout: the left factor (rounded to fp16 by the conversion) as A
-      // fragments, Q or dout staged row-major.
-      FRAG_A pa[NF];
-      UNROLL for (uint n = 0u; n < NF; ++n) pa[n] = TO_A(s[n]);
-#if defined(DK)
-      const uint right = 0u;
-#else
-      const uint right = TILE;
-#endif
+      // dv += P^T dout, dk += dS^T Q: the left factors (rounded to fp16 by the conversion) as A
+      // fragments, dout and Q staged row-major.
+      FRAG_A pa[NF], dsa[NF];
+      UNROLL for (uint n = 0u; n < NF; ++n) {
+        pa[n] = TO_A(s[n]);
+        dsa[n] = TO_A(dp[n]);
+      }
       UNROLL for (uint f = 0u; f < HF; ++f) {
         UNROLL for (uint n = 0u; n < NF; ++n) {
-          FRAG_B rb;
-          LOAD(rb, right + n * 16u * LD + 2u * f, ROW_MAJOR);
-          acc[f] = MMA(pa[n], rb, acc[f]);
+          FRAG_B qb, db;
+          LOAD(db, TILE + n * 16u * LD + 2u * f, ROW_MAJOR);
+          dv[f] = MMA(pa[n], db, dv[f]);
+          LOAD(qb, n * 16u * LD + 2u * f, ROW_MAJOR);
+          acc[f] = MMA(dsa[n], qb, acc[f]);
         }
       }
     }
   }
   const uint out_first = pc.out_off + (tok0 * nkv + g) * d, out_ld = nkv * d;
+  const uint dv_first = pc.dv_off + (tok0 * nkv + g) * d;
+  UNROLL for (uint f = 0u; f < HF; ++f) {
+    UNROLL for (uint i = 0u; i < 8u; ++i) {
+      const uint hh = (i >> ROW_SHIFT) & 1u;
+      if (row[hh] < pc.seq) o2[dv_first + row[hh] * out_ld + f * 16u + lane_col(lane, i)] = dv[f][i];
+    }
+  }
 #endif
 
-  // The gradient times scale for this lane's elements; rows past the sequence are not written.
-#if defined(DV)
-  const float out_scale = 1.0;
-#else
+  // dq or dk times scale for this lane's elements; rows past the sequence are not written.
   const float out_scale = pc.scale;
-#endif
   UNROLL for (uint f = 0u; f < HF; ++f) {
     UNROLL for (uint i = 0u; i < 8u; ++i) {
       const uint hh = (i >> ROW_SHIFT) & 1u;

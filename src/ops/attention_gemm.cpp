@@ -208,10 +208,9 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
 struct FusedBackwardPush {
   uint32_t seq, n_heads, n_kv_heads, head_dim;
   float scale;
-  uint32_t seg_off, lse_off, drow_off, out_off;
+  uint32_t seg_off, lse_off, drow_off, out_off, dv_off;
 };
-static_assert(kernels::push_block_matches<FusedBackwardPush>(kernels::flash_bwd_dq_khr, kernels::flash_bwd_dk_khr,
-                                                             kernels::flash_bwd_dv_khr),
+static_assert(kernels::push_block_matches<FusedBackwardPush>(kernels::flash_bwd_dq_khr, kernels::flash_bwd_dkv_khr),
               "FusedBackwardPush differs from kernels/flash_backward_khr.comp's push-constant block");
 // Must match PC in kernels/attention_row_dot.comp.
 struct RowDotPush {
@@ -221,10 +220,12 @@ struct RowDotPush {
 static_assert(kernels::push_block_matches<RowDotPush>(kernels::attention_row_dot),
               "RowDotPush differs from kernels/attention_row_dot.comp's push-constant block");
 // Shared memory of one backward workgroup (kernels/flash_backward_khr.comp's SH_SIZE, the segment,
-// lse and D arrays, and the emulation's exchange arrays) for `warps` subgroups and tiles of `tile`.
-uint64_t fused_backward_shared_bytes(uint32_t warps, uint32_t tile, uint32_t head_dim) {
+// lse and D arrays, and the emulation's exchange arrays) for `warps` subgroups and tiles of `tile`:
+// the dq kernel stages its own rows where the tiles go later, the dk/dv kernel keeps v's beside them.
+uint64_t fused_backward_shared_bytes(bool dq, uint32_t warps, uint32_t tile, uint32_t head_dim) {
   const uint64_t ld = head_dim / 8 + 1, rows = 16ull * warps;
-  return 16 * std::max(2 * tile * ld, rows * ld) + 3 * 4 * tile + 4 * (256 + 256 + 32);
+  const uint64_t staged = dq ? std::max(2 * tile * ld, rows * ld) : 2 * tile * ld + rows * ld;
+  return 16 * staged + 3 * 4 * tile + 4 * (256 + 256 + 32);
 }
 
 void check_fused_backward_tiles(const gpu::Context& ctx, const AttentionGemmOptions::FusedBackwardTiles& t,
@@ -234,12 +235,15 @@ void check_fused_backward_tiles(const gpu::Context& ctx, const AttentionGemmOpti
   if (!warps_ok(t.dq_warps) || !warps_ok(t.kv_warps) || !tile_ok(t.dq_keys) || !tile_ok(t.kv_queries))
     throw std::invalid_argument("fused attention backward tiles: subgroups must be 1, 2, 4 or 8 and tiles 16, 32 or 64");
   const uint64_t limit = ctx.info().max_shared_memory;
-  for (const auto& [warps, tile] : {std::pair{t.dq_warps, t.dq_keys}, std::pair{t.kv_warps, t.kv_queries}})
-    if (fused_backward_shared_bytes(warps, tile, head_dim) > limit)
-      throw std::invalid_argument("fused attention backward tiles: " + std::to_string(warps) + " subgroups with tiles of " +
-                                  std::to_string(tile) + " need " +
-                                  std::to_string(fused_backward_shared_bytes(warps, tile, head_dim)) +
-                                  " bytes of shared memory, the device has " + std::to_string(limit));
+  for (const bool dq : {true, false}) {
+    const uint32_t warps = dq ? t.dq_warps : t.kv_warps, tile = dq ? t.dq_keys : t.kv_queries;
+    const uint64_t bytes = fused_backward_shared_bytes(dq, warps, tile, head_dim);
+    if (bytes > limit)
+      throw std::invalid_argument(std::string("fused attention backward tiles: ") + (dq ? "dq" : "dk/dv") + " with " +
+                                  std::to_string(warps) + " subgroups and tiles of " + std::to_string(tile) + " needs " +
+                                  std::to_string(bytes) + " bytes of shared memory, the device has " +
+                                  std::to_string(limit));
+  }
 }
 
 void row_dot(gpu::Context& ctx, const Dims& m, uint32_t nb, const Bound& out, const Bound& dout, const Bound& drow) {
@@ -247,7 +251,7 @@ void row_dot(gpu::Context& ctx, const Dims& m, uint32_t nb, const Bound& out, co
   const RowDotPush push{rows, m.nh, m.d, m.seq, out.offset, dout.offset, drow.offset};
   ctx.dispatch(ctx.pipelines().get(kernels::attention_row_dot),
                {{out.buffer, gpu::Access::read}, {dout.buffer, gpu::Access::read}, {drow.buffer, gpu::Access::write}},
-               push, static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t(rows) + 255) / 256, 1, kMaxGroups)), 1, 1,
+               push, static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t(rows) + 7) / 8, 1, kMaxGroups)), 1, 1,
                "attention_row_dot", 2.0 * rows * m.d);
 }
 
@@ -269,8 +273,7 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
                                {warps * 32, warps, tile, m.d, fs.row_shift, fs.col_shift});
   };
   const gpu::Pipeline& p_dq = pipeline(kernels::flash_bwd_dq_khr, kernels::flash_bwd_dq_khr_emu, dq_warps, t.dq_keys);
-  const gpu::Pipeline& p_dk = pipeline(kernels::flash_bwd_dk_khr, kernels::flash_bwd_dk_khr_emu, kv_warps, t.kv_queries);
-  const gpu::Pipeline& p_dv = pipeline(kernels::flash_bwd_dv_khr, kernels::flash_bwd_dv_khr_emu, kv_warps, t.kv_queries);
+  const gpu::Pipeline& p_dkv = pipeline(kernels::flash_bwd_dkv_khr, kernels::flash_bwd_dkv_khr_emu, kv_warps, t.kv_queries);
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_backward", m);
   const uint32_t group = std::min(per, m.batch);
   gpu::Buffer q16 = alloc_f16(ctx, group * m.q_seq(), "attention q fp16");
@@ -290,29 +293,28 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
     const Bound bdout = bind_elements(ctx, dout, b0 * m.q_seq(), nb * m.q_seq());
     const Bound bdrow = bind_elements(ctx, drow, 0, nb * m.stat_seq());
     row_dot(ctx, m, nb, f.out, bdout, bdrow);
-    auto run = [&](const gpu::Pipeline& p, const Bound& grad, uint32_t rows_per_group, uint32_t heads,
-                   double products, const char* op) {
-      const FusedBackwardPush push{m.seq, m.nh, m.nkv, m.d, scale, f.segments.offset, f.lse.offset, bdrow.offset,
-                                   grad.offset};
-      ctx.dispatch(p,
-                   {{q16, gpu::Access::read},
-                    {k16, gpu::Access::read},
-                    {v16, gpu::Access::read},
-                    {do16, gpu::Access::read},
-                    {f.segments.buffer, gpu::Access::read},
-                    {f.lse.buffer, gpu::Access::read},
-                    {bdrow.buffer, gpu::Access::read},
-                    {grad.buffer, gpu::Access::write}},
-                   push, (m.seq + rows_per_group - 1) / rows_per_group, heads, nb, op,
+    auto run = [&](const gpu::Pipeline& p, const Bound& grad, const Bound* grad_v, uint32_t rows_per_group,
+                   uint32_t heads, double products, const char* op) {
+      const FusedBackwardPush push{m.seq,         m.nh,         m.nkv,        m.d,         scale,
+                                   f.segments.offset, f.lse.offset, bdrow.offset, grad.offset, grad_v ? grad_v->offset : 0};
+      std::vector<gpu::Binding> bindings = {{q16, gpu::Access::read},
+                                            {k16, gpu::Access::read},
+                                            {v16, gpu::Access::read},
+                                            {do16, gpu::Access::read},
+                                            {f.segments.buffer, gpu::Access::read},
+                                            {f.lse.buffer, gpu::Access::read},
+                                            {bdrow.buffer, gpu::Access::read},
+                                            {grad.buffer, gpu::Access::write}};
+      if (grad_v) bindings.push_back({grad_v->buffer, gpu::Access::write});
+      ctx.dispatch(p, bindings, push, (m.seq + rows_per_group - 1) / rows_per_group, heads, nb, op,
                    products * 2.0 * nb * m.nh * pairs * m.d);
     };
-    // dq: S, dP, dS K; dk: S^T, dP^T, dS^T Q; dv: S^T, P^T dout (products per visible pair).
-    run(p_dq, bind_elements(ctx, dq, b0 * m.q_seq(), nb * m.q_seq()), dq_warps * 16, m.nh, 3,
+    // dq: S, dP, dS K; dk and dv: S^T, dP^T, dS^T Q, P^T dout (products per visible pair).
+    run(p_dq, bind_elements(ctx, dq, b0 * m.q_seq(), nb * m.q_seq()), nullptr, dq_warps * 16, m.nh, 3,
         "attention_fused_backward_dq");
-    run(p_dk, bind_elements(ctx, dk, b0 * m.kv_seq(), nb * m.kv_seq()), kv_warps * 16, m.nkv, 3,
-        "attention_fused_backward_dk");
-    run(p_dv, bind_elements(ctx, dv, b0 * m.kv_seq(), nb * m.kv_seq()), kv_warps * 16, m.nkv, 2,
-        "attention_fused_backward_dv");
+    const Bound bdv = bind_elements(ctx, dv, b0 * m.kv_seq(), nb * m.kv_seq());
+    run(p_dkv, bind_elements(ctx, dk, b0 * m.kv_seq(), nb * m.kv_seq()), &bdv, kv_warps * 16, m.nkv, 4,
+        "attention_fused_backward_dkv");
   }
   for (const gpu::Buffer& b : {q16, k16, v16, do16, drow}) ctx.free(b);
 }
@@ -392,8 +394,8 @@ bool attention_fused_backward_enabled(gpu::Context& ctx, uint32_t head_dim) {
   // The default tiles within the device's shared memory (every device that runs the fused
   // forward today has 48 KB or more; they need 35 KB at head_dim 128).
   const AttentionGemmOptions::FusedBackwardTiles t;
-  return std::max(fused_backward_shared_bytes(t.dq_warps, t.dq_keys, head_dim),
-                  fused_backward_shared_bytes(t.kv_warps, t.kv_queries, head_dim)) <= ctx.info().max_shared_memory;
+  return std::max(fused_backward_shared_bytes(true, t.dq_warps, t.dq_keys, head_dim),
+                  fused_backward_shared_bytes(false, t.kv_warps, t.kv_queries, head_dim)) <= ctx.info().max_shared_memory;
 }
 
 std::string attention_fused_forward_unsupported(gpu::Context& ctx, uint32_t head_dim) {

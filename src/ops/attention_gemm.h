@@ -53,7 +53,7 @@ struct AttentionGemmOptions {
   // seven measured on an H100 (`forja bench attention --fused-backward-tiles`, bwd 1.39 ms;
   // 8,32,4,32: 1.59; 8,32,2,32: 1.94).
   struct FusedBackwardTiles {
-    uint32_t dq_warps = 4, dq_keys = 64, kv_warps = 4, kv_queries = 64;
+    uint32_t dq_warps = 4, dq_keys = 64, kv_warps = 4, kv_queries = 32;
   } fused_backward_tiles;
   // Tests: where fused_forward / fused_backward ask for the fused kernels, run their emulation
   // (kernels/flash_khr_common.glsl: no cooperative matrices, one 32-lane subgroup per workgroup,
