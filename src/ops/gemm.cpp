@@ -360,15 +360,37 @@ CoopTileSize gemm_coop_tile_size(const GemmShape& shape, uint32_t compute_units)
   return {t.bm, t.bn};
 }
 
+namespace {
+// The workgroups a thin product's split aims for (gemm_split_k_slices); FORJA_SPLIT_K_THIN
+// overrides it, for measuring (read once).
+uint64_t thin_split_target() {
+  static const uint64_t target = [] {
+    const char* v = std::getenv("FORJA_SPLIT_K_THIN");
+    if (!v || !*v) return uint64_t{1024};
+    char* end = nullptr;
+    const unsigned long n = std::strtoul(v, &end, 10);
+    if (*end || n == 0 || n > (1u << 20))
+      throw UserError(std::string("FORJA_SPLIT_K_THIN=") + v + " is not a workgroup count (1 to 1048576)");
+    return uint64_t{n};
+  }();
+  return target;
+}
+}  // namespace
+
 uint32_t gemm_split_k_slices(const GemmShape& s) {
   if (s.batch != 1) return 1;  // batches are split across workgroups already
   if (s.split_k != 0) return s.split_k;
   // Output tiles at the smallest tile (64 x 64); aim for about 256 workgroups in all, every
-  // slice at least 256 long, and a scratch of at most 32 MiB.
-  constexpr uint64_t kTargetGroups = 256, kMinSlice = 256, kMaxScratch = 32ull << 20;
+  // slice at least 256 long, and a scratch of at most 32 MiB. Thin products (one tile row or
+  // column: LoRA's rank-r sides) aim for 1024 and split below 512 tiles: with 256 the largest
+  // of them ran at 11-20 TFLOP/s on an H100's 132 SMs (dB of gate_proj at 8x2048: 152 tiles
+  // that each walked 16384 tokens; docs/benchmarks.md).
+  constexpr uint64_t kMinSlice = 256, kMaxScratch = 32ull << 20;
+  const bool thin = std::min(s.m, s.n) <= 64;
+  const uint64_t target = thin ? thin_split_target() : 256;
   const uint64_t tiles = uint64_t((s.m + 63) / 64) * ((s.n + 63) / 64);
-  if (tiles >= kTargetGroups / 4 || s.k < 2 * kMinSlice) return 1;
-  uint64_t slices = std::min<uint64_t>((kTargetGroups + tiles - 1) / tiles, s.k / kMinSlice);
+  if ((thin ? tiles * 2 >= target : tiles * 4 >= target) || s.k < 2 * kMinSlice) return 1;
+  uint64_t slices = std::min<uint64_t>((target + tiles - 1) / tiles, s.k / kMinSlice);
   slices = std::min<uint64_t>(slices, kMaxScratch / (uint64_t(s.m) * s.n * 4));
   return static_cast<uint32_t>(std::max<uint64_t>(slices, 1));
 }

@@ -432,6 +432,10 @@ TEST_F(GemmTest, SplitKOnlyForFewTilesWithLongK) {
   };
   EXPECT_GT(slices(2048, 16, 2560), 1u);  // LoRA x A^T at Qwen3-4B's width
   EXPECT_GT(slices(16, 2560, 2048), 1u);  // LoRA dA = dt^T x
+  EXPECT_GT(slices(9728, 16, 16384), 1u);  // LoRA dB of gate_proj at 8 x 2048 tokens: 152 tiles
+  EXPECT_GT(slices(16384, 48, 2560), 1u);  // x [A_q; A_k; A_v]^T at 8 x 2048 tokens: 256 tiles
+  EXPECT_EQ(slices(65536, 16, 2560), 1u);  // a thin product with 1024 tiles already
+  EXPECT_EQ(slices(2048, 128, 2560), 1u);  // not thin: 64 tiles are enough
   EXPECT_EQ(slices(2048, 16, 16), 1u);    // short K: nothing to split
   EXPECT_EQ(slices(2048, 2048, 2560), 1u);  // enough tiles already
   EXPECT_EQ(slices(2048, 16, 2560, 2), 1u);  // batched products are not split
