@@ -1,8 +1,9 @@
 #version 450
 // RMSNorm over the last axis of x [rows, cols] (formats.md 1.4), fp32 activations, weight w
-// [cols] in fp32 or fp16. One workgroup per row (row = gl_WorkGroupID.x + gl_WorkGroupID.y *
-// gl_NumWorkGroups.x, so more than 65535 rows fit one dispatch); its invocations stride over
-// the columns and reduce through a shared-memory tree (no subgroup size assumed).
+// [cols] in fp32 or fp16. Each row is handled by LANES invocations of a workgroup of WG, so a
+// workgroup does WG / LANES rows (group = gl_WorkGroupID.x + gl_WorkGroupID.y *
+// gl_NumWorkGroups.x, so more than 65535 groups fit one dispatch); a row's invocations stride over
+// its columns and reduce through a shared-memory tree (no subgroup size assumed).
 //   rmsnorm_fwd_*:  rstd[r] = 1 / sqrt(mean_c(x[r,c]^2) + eps); y[r,c] = w[c] * (x[r,c] * rstd[r])
 //                                                                 (x, w, y, rstd)
 //   rmsnorm_bwd_*:  dx[r,c] (= or +=) rstd w[c] dy[r,c] - x[r,c] rstd^3 / cols * sum_c(dy w x)
@@ -10,8 +11,9 @@
 // The weights are frozen, so there is no dw. Outputs may alias inputs of the same shape (y = x,
 // dx = dy without accumulate): every invocation reads an element before it writes that element
 // and writes only after the row's reduction barrier.
-// The workgroup size is specialization constant 0 (a power of two <= 256): the op picks a
-// smaller one for short rows (Qwen3's per-head q/k norms, cols = head_dim).
+// Specialization constants 0 (WG, the workgroup size) and 1 (LANES), powers of two with LANES <=
+// WG <= 256: the op gives short rows (Qwen3's per-head q/k norms, cols = head_dim) 32 lanes and
+// 8 rows per workgroup (one workgroup per 128-column row ran at about half the memory's speed).
 // `first_*` are element offsets inside the bindings: the op binds chunks of large tensors at
 // aligned offsets and passes the remainder here.
 //! variant rmsnorm_fwd_f32 -DFORWARD
@@ -26,7 +28,9 @@
 #endif
 
 layout(constant_id = 0) const uint WG = 256;
+layout(constant_id = 1) const uint LANES = 256;
 layout(local_size_x_id = 0) in;
+const uint RPW = WG / LANES;  // rows per workgroup
 layout(push_constant) uniform PC {
   uint rows;      // rows in this dispatch
   uint cols;
@@ -51,35 +55,38 @@ layout(set = 0, binding = 4) buffer DX { float dx[]; };
 
 shared float red[WG];
 
-// Sum of v over the workgroup; every invocation gets the result.
-float workgroup_sum(float v) {
-  const uint t = gl_LocalInvocationIndex;
+// Sum of v over the LANES invocations of this invocation's row; each of them gets the result.
+float row_sum(float v) {
+  const uint t = gl_LocalInvocationIndex, lane = t % LANES;
   red[t] = v;
   barrier();
-  for (uint s = WG / 2u; s > 0u; s >>= 1) {
-    if (t < s) red[t] += red[t + s];
+  for (uint s = LANES / 2u; s > 0u; s >>= 1) {
+    if (lane < s) red[t] += red[t + s];
     barrier();
   }
-  return red[0];
+  return red[t - lane];
 }
 
 void main() {
-  const uint row = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-  if (row >= pc.rows) return;  // uniform per workgroup, so the barriers below stay uniform
-  const uint t = gl_LocalInvocationIndex;
-  const uint base = pc.first_x + row * pc.cols;
+  const uint group = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (group * RPW >= pc.rows) return;  // uniform per workgroup, so the barriers below stay uniform
+  const uint t = gl_LocalInvocationIndex, lane = t % LANES;
+  const uint row = group * RPW + t / LANES;
+  const bool live = row < pc.rows;  // the last workgroup's rows past the end still reduce (zeros)
+  const uint base = pc.first_x + (live ? row : 0u) * pc.cols;
+  const uint end = live ? pc.cols : 0u;
 #ifdef FORWARD
   float ss = 0.0;
-  for (uint c = t; c < pc.cols; c += WG) ss += x[base + c] * x[base + c];
-  const float s = 1.0 / sqrt(workgroup_sum(ss) / float(pc.cols) + pc.eps);
-  for (uint c = t; c < pc.cols; c += WG) y[base + c] = float(w[c]) * (x[base + c] * s);
-  if (t == 0u) rstd[pc.first_r + row] = s;
+  for (uint c = lane; c < end; c += LANES) ss += x[base + c] * x[base + c];
+  const float s = 1.0 / sqrt(row_sum(ss) / float(pc.cols) + pc.eps);
+  for (uint c = lane; c < end; c += LANES) y[base + c] = float(w[c]) * (x[base + c] * s);
+  if (lane == 0u && live) rstd[pc.first_r + row] = s;
 #else
   float dot = 0.0;  // sum_c dy * w * x
-  for (uint c = t; c < pc.cols; c += WG) dot += dy[base + c] * float(w[c]) * x[base + c];
-  const float s = rstd[pc.first_r + row];
-  const float k = workgroup_sum(dot) * (s * s * s) / float(pc.cols);
-  for (uint c = t; c < pc.cols; c += WG) {
+  for (uint c = lane; c < end; c += LANES) dot += dy[base + c] * float(w[c]) * x[base + c];
+  const float s = live ? rstd[pc.first_r + row] : 0.0;
+  const float k = row_sum(dot) * (s * s * s) / float(pc.cols);
+  for (uint c = lane; c < end; c += LANES) {
     const float g = s * float(w[c]) * dy[base + c] - k * x[base + c];
     dx[base + c] = pc.accumulate != 0u ? dx[base + c] + g : g;
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/kernel_table.h"
 #include "ops/chunking.h"
@@ -22,15 +23,26 @@ static_assert(kernels::push_block_matches<RmsnormPush>(kernels::rmsnorm_fwd_f32,
                                                        kernels::rmsnorm_bwd_f32, kernels::rmsnorm_bwd_f16),
               "RmsnormPush differs from kernels/rmsnorm.comp's push-constant block");
 
-// Workgroup size for a row of `cols`: about two columns per invocation, a power of two in
-// [32, 256], so short rows (q/k norms over head_dim) do not leave most invocations idle. On a
-// CPU (lavapipe) every barrier of the reduction costs a pass over all invocations, so there the
-// smallest size is the fastest.
-uint32_t workgroup_size(const gpu::Context& ctx, uint32_t cols) {
-  uint32_t wg = 32;
-  if (ctx.info().is_cpu()) return wg;
-  while (wg < 256 && wg * 2 < cols) wg *= 2;
-  return wg;
+// Workgroup size and invocations per row for a row of `cols`. On a GPU: workgroups of 256,
+// rows of about four columns per invocation, 32 to 256 of them, so that short rows (q/k norms
+// over head_dim) share a workgroup instead of leaving most of it idle. On a CPU (lavapipe) every
+// barrier of the reduction costs a pass over all invocations, so there rows get the fewest, 32,
+// two rows to a workgroup (which keeps the tests on the shared-workgroup path).
+struct RowShape {
+  uint32_t wg, lanes;
+};
+RowShape row_shape(const gpu::Context& ctx, uint32_t cols) {
+  if (ctx.info().is_cpu()) return {64, 32};
+  uint32_t lanes = 32;
+  while (lanes < 256 && lanes * 4 < cols) lanes *= 2;
+  return {256, lanes};
+}
+
+// The dispatch grid for `rows` rows, rows_per_group to a workgroup (x up to 65535, then y).
+std::pair<uint32_t, uint32_t> grid(uint32_t rows, uint32_t rows_per_group) {
+  const uint32_t groups = (rows + rows_per_group - 1) / rows_per_group;
+  const uint32_t gx = std::min<uint32_t>(groups, 65535);
+  return {gx, (groups + gx - 1) / gx};
 }
 
 // Rows per dispatch such that a [rows, cols] fp32 chunk, shifted down to an aligned binding
@@ -61,8 +73,9 @@ void rmsnorm_forward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer&
   check_buffer(ctx, op, "y", y, bytes);
   check_buffer(ctx, op, "rstd", rstd, uint64_t(rows) * 4);
   check_weights(ctx, op, w, w_dtype, cols);
-  const uint32_t wg = workgroup_size(ctx, cols);
-  const auto& p = ctx.pipelines().get(w_dtype == DType::f16 ? kernels::rmsnorm_fwd_f16 : kernels::rmsnorm_fwd_f32, {wg});
+  const RowShape rs = row_shape(ctx, cols);
+  const auto& p =
+      ctx.pipelines().get(w_dtype == DType::f16 ? kernels::rmsnorm_fwd_f16 : kernels::rmsnorm_fwd_f32, {rs.wg, rs.lanes});
   const uint32_t chunk = rows_per_chunk(ctx, op, cols);
   const gpu::Buffer wv = w.slice(0, std::min<uint64_t>(w.size, (uint64_t(cols) * dtype_bytes(w_dtype) + 15) / 16 * 16));
   for (uint32_t r0 = 0; r0 < rows; r0 += std::min(chunk, rows - r0)) {
@@ -72,7 +85,7 @@ void rmsnorm_forward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer&
     const Window rw = window(ctx, rstd, uint64_t(r0) * 4, uint64_t(n) * 4, 4);
     // x and y have aligned starts, so their chunks start at the same element offset.
     const RmsnormPush push{n, cols, xw.first, rw.first, eps, 0};
-    const uint32_t gx = std::min<uint32_t>(n, 65535), gy = (n + gx - 1) / gx;
+    const auto [gx, gy] = grid(n, rs.wg / rs.lanes);
     ctx.dispatch(p,
                  {{xw.view, gpu::Access::read},
                   {wv, gpu::Access::read},
@@ -95,8 +108,9 @@ void rmsnorm_backward(gpu::Context& ctx, const gpu::Buffer& dy, const gpu::Buffe
   check_weights(ctx, op, w, w_dtype, cols);
   if (accumulate && dx.buffer == dy.buffer && dx.offset < dy.offset + bytes && dy.offset < dx.offset + bytes)
     throw std::logic_error("rmsnorm_backward: with accumulate, dx must not overlap dy");
-  const uint32_t wg = workgroup_size(ctx, cols);
-  const auto& p = ctx.pipelines().get(w_dtype == DType::f16 ? kernels::rmsnorm_bwd_f16 : kernels::rmsnorm_bwd_f32, {wg});
+  const RowShape rs = row_shape(ctx, cols);
+  const auto& p =
+      ctx.pipelines().get(w_dtype == DType::f16 ? kernels::rmsnorm_bwd_f16 : kernels::rmsnorm_bwd_f32, {rs.wg, rs.lanes});
   const uint32_t chunk = rows_per_chunk(ctx, op, cols);
   const gpu::Buffer wv = w.slice(0, std::min<uint64_t>(w.size, (uint64_t(cols) * dtype_bytes(w_dtype) + 15) / 16 * 16));
   for (uint32_t r0 = 0; r0 < rows; r0 += std::min(chunk, rows - r0)) {
@@ -106,7 +120,7 @@ void rmsnorm_backward(gpu::Context& ctx, const gpu::Buffer& dy, const gpu::Buffe
                  dxw = window(ctx, dx, begin, len, 4);
     const Window rw = window(ctx, rstd, uint64_t(r0) * 4, uint64_t(n) * 4, 4);
     const RmsnormPush push{n, cols, xw.first, rw.first, 0.0f, accumulate ? 1u : 0u};
-    const uint32_t gx = std::min<uint32_t>(n, 65535), gy = (n + gx - 1) / gx;
+    const auto [gx, gy] = grid(n, rs.wg / rs.lanes);
     ctx.dispatch(p,
                  {{dyw.view, gpu::Access::read},
                   {xw.view, gpu::Access::read},
