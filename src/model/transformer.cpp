@@ -383,13 +383,15 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
 }
 
 void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
-                                  const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx, bool grouped) {
+                                  const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx, bool grouped,
+                                  bool dy_f16) {
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
   const uint32_t T = tokens_;
   const float beta = accumulate_dx ? 1.0f : 0.0f;
   const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind);
   // With dropout dx gets mask * (dt A), which cannot join dy W.
-  if (!dropout_on_ && lora_folds(lin, s)) return linear_backward_folded(lin, *s, x, dy, dx, beta, grouped);
+  if (!dropout_on_ && lora_folds(lin, s)) return linear_backward_folded(lin, *s, x, dy, dx, beta, grouped, dy_f16);
+  if (dy_f16) throw std::logic_error("linear_backward: an fp16 dy needs the folded LoRA path");
   // dx (=|+=) dy W
   if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_dyw(ctx_, dy, *lin.nf4, dx, T, 1.0f, beta, base_operands_, options_.base_kernel);
@@ -423,13 +425,14 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
 }
 
 void Transformer::linear_backward_folded(const BaseLinear& lin, const LoraSlot& s, const gpu::Buffer& x,
-                                         const gpu::Buffer& dy, const gpu::Buffer& dx, float beta, bool grouped) {
+                                         const gpu::Buffer& dy, const gpu::Buffer& dx, float beta, bool grouped,
+                                         bool dy_f16) {
   const uint32_t T = tokens_, r = s.rank, P = lora_pad_, K = lin.out + P;
   const float scale = lora_.scale();
   const uint32_t column = lora_column_[static_cast<int>(s.kind)];
   // Every LoRA product here reads fp16 copies only (no fp32 operand rounded while loaded):
-  // dy16 [T, out + P] in input16_, t16 (layer_backward), dt16 below, x16 for dA.
-  const MatrixView dy16 = base_input(dy, lin.out, false, P);
+  // dy16 [T, out + P] in input16_ (or dy itself, dy_f16), t16 (layer_backward), dt16 below, x16 for dA.
+  const MatrixView dy16 = dy_f16 ? MatrixView{dy, DType::f16, 0, K} : base_input(dy, lin.out, false, P);
   // dB += scale * dy^T t          [out, r]   (lora_grad_scale_: see run)
   ops::gemm(ctx_, lora_product({lin.out, r, T, true, false, scale * lora_grad_scale_, 1.0f}, "lora_db"), dy16,
             MatrixView{t16_, DType::f16, column, lora_width_}, MatrixView{lora_.grad_b(s), DType::f32, 0, r},
@@ -438,7 +441,7 @@ void Transformer::linear_backward_folded(const BaseLinear& lin, const LoraSlot& 
   const MatrixView dt = lora_view(grad_->dt, s.kind);
   ops::gemm(ctx_, lora_product({T, r, lin.out, false, false, scale, 0.0f}, "lora_dt"), dy16, lora_weight(s.b_offset, r), dt,
             options_.base_kernel);
-  ops::to_f16_block(ctx_, grad_->dt, column, lora_width_, input16_, lin.out, K, T, r, P);
+  ops::to_f16_block(ctx_, grad_->dt, column, lora_width_, dy16.buffer, lin.out, K, T, r, P);
   ops::to_f16_block(ctx_, grad_->dt, column, lora_width_, dt16_, column, lora_width_, T, r, r);
   // dx (=|+=) [dy | dt] [W ; A]: the LoRA part of dx inside the base product, K = out + P (dt and
   // A rounded to fp16, zero rows up to P).
@@ -455,6 +458,16 @@ void Transformer::linear_backward_folded(const BaseLinear& lin, const LoraSlot& 
   ops::gemm(ctx_, lora_product({r, lin.in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"),
             MatrixView{dt16_, DType::f16, column, lora_width_}, base_input(x, lin.in),
             MatrixView{lora_.grad_a(s), DType::f32, 0, lin.in}, options_.base_kernel);
+}
+
+bool Transformer::mlp_backward_f16(size_t layer) const {
+  if (dropout_on_) return false;
+  const uint64_t I = static_cast<uint64_t>(c_.intermediate_size), ld = I + lora_pad_;
+  const uint64_t bytes = uint64_t(tokens_) * ld * 2;
+  for (LinearKind k : {LinearKind::Gate, LinearKind::Up})
+    if (!lora_folds(base_.layers[layer].linears[static_cast<int>(k)], lora_.find(static_cast<int64_t>(layer), k)))
+      return false;
+  return I % 2 == 0 && ld % 2 == 0 && grad_->dg.size >= bytes && grad_->du.size >= bytes;
 }
 
 void Transformer::set_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro_batch) {
@@ -578,10 +591,14 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
 
   // MLP: dx is the gradient of x3 = x2 + down(act)
   linear_backward(i, K::Down, a.act, a.t, dx, g.dact, false);
-  ops::swiglu_backward(ctx_, a.g, a.u, g.dact, g.dg, g.du, uint64_t(T) * I);
+  const bool mlp16 = mlp_backward_f16(i);
+  if (mlp16)
+    ops::swiglu_backward_f16(ctx_, a.g, a.u, g.dact, g.dg, g.du, T, I, I + lora_pad_);
+  else
+    ops::swiglu_backward(ctx_, a.g, a.u, g.dact, g.dg, g.du, uint64_t(T) * I);
   const uint32_t mlp = lora_group(i, {K::Gate, K::Up});
-  linear_backward(i, K::Gate, a.h2, a.t, g.dg, g.dh, false, mlp > 0);
-  linear_backward(i, K::Up, a.h2, a.t, g.du, g.dh, true, mlp > 1);
+  linear_backward(i, K::Gate, a.h2, a.t, g.dg, g.dh, false, mlp > 0, mlp16);
+  linear_backward(i, K::Up, a.h2, a.t, g.du, g.dh, true, mlp > 1, mlp16);
   if (mlp) lora_group_backward(i, K::Gate, mlp, a.h2, g.dh);
   ops::rmsnorm_backward(ctx_, g.dh, a.x2, L.post_norm, DType::f32, a.rstd2, dx, T, H, true);  // dx: grad of x2
 

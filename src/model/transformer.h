@@ -146,10 +146,17 @@ class Transformer {
                       bool input16_ready = false);
   // linear_backward where lora_folds: dB, dt, dx = [dy | dt] [W ; A], dA (unless grouped).
   void linear_backward_folded(const BaseLinear& lin, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& dy,
-                              const gpu::Buffer& dx, float beta, bool grouped);
-  // grouped: leave dA and the LoRA part of dx to lora_group_backward.
+                              const gpu::Buffer& dx, float beta, bool grouped, bool dy_f16);
+  // grouped: leave dA and the LoRA part of dx to lora_group_backward. dy_f16: dy already holds
+  // the fp16 [T, out + lora_pad_] copy the folded path reads (swiglu_backward_f16 made it; see
+  // mlp_backward_f16), with room for dt beside it.
   void linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
-                       const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx, bool grouped = false);
+                       const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx, bool grouped = false,
+                       bool dy_f16 = false);
+  // Whether layer's gate and up backward read their dy as fp16 copies that SwiGLU's backward
+  // writes directly (into the fp32 dg / du buffers, which have room for them): both fold their
+  // LoRA products, no dropout. Saves writing dg and du in fp32 and copying them.
+  bool mlp_backward_f16(size_t layer) const;
   // The block of `kind` in a [T, targets * r] LoRA buffer (LayerActs::t, GradScratch::dt), from row0.
   ops::MatrixView lora_view(const gpu::Buffer& b, LinearKind kind, uint64_t row0 = 0) const;
   // LoRA factors as the B operand of a product: the fp16 copy (lora16_) or the fp32 parameters,

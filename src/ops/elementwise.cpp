@@ -93,6 +93,41 @@ void swiglu_backward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer&
   run_elementwise(ctx, kernels::ew_swiglu_bwd, {g, u, dh}, {dg, du}, n);
 }
 
+void swiglu_backward_f16(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& dh,
+                         const gpu::Buffer& dg16, const gpu::Buffer& du16, uint32_t rows, uint32_t cols, uint32_t ld) {
+  if (rows == 0 || cols == 0) return;
+  if (cols % 2 || ld % 2 || cols > ld) throw std::logic_error("swiglu_backward_f16: cols and ld must be even, cols <= ld");
+  const uint64_t in_bytes = uint64_t(rows) * cols * 4, out_bytes = (uint64_t(rows - 1) * ld + cols) * 2;
+  if (g.size < in_bytes || u.size < in_bytes || dh.size < in_bytes || dg16.size < out_bytes || du16.size < out_bytes)
+    throw std::logic_error("swiglu_backward_f16: buffer smaller than its shape");
+  struct Push {
+    uint32_t rows, cols, ld, g_off, u_off, dh_off, dg_off, du_off;
+  };
+  static_assert(kernels::push_block_matches<Push>(kernels::swiglu_backward_f16));
+  const auto& p = ctx.pipelines().get(kernels::swiglu_backward_f16);
+  // Rows per dispatch: every window within the binding limit (and 32-bit indices).
+  const uint64_t range = std::min<uint64_t>(usable_binding_bytes(ctx), 1ull << 31);
+  const uint32_t per = static_cast<uint32_t>(
+      std::max<uint64_t>(1, std::min<uint64_t>(rows, range / std::max<uint64_t>(uint64_t(cols) * 4, uint64_t(ld) * 2))));
+  for (uint32_t r0 = 0; r0 < rows; r0 += per) {
+    const uint32_t n = std::min(per, rows - r0);
+    const uint64_t begin = uint64_t(r0) * cols * 4, len = uint64_t(n) * cols * 4;
+    const Window wg = window(ctx, g, begin, len), wu = window(ctx, u, begin, len), wh = window(ctx, dh, begin, len);
+    const uint64_t out_begin = uint64_t(r0) * ld * 2, out_len = (uint64_t(n - 1) * ld + cols) * 2;
+    const Window wdg = window(ctx, dg16, out_begin, out_len, 2), wdu = window(ctx, du16, out_begin, out_len, 2);
+    const uint64_t pairs = uint64_t(n) * cols / 2;
+    ctx.dispatch(p,
+                 {{wg.view, gpu::Access::read},
+                  {wu.view, gpu::Access::read},
+                  {wh.view, gpu::Access::read},
+                  {wdg.view, gpu::Access::write},
+                  {wdu.view, gpu::Access::write}},
+                 Push{n, cols, ld, wg.first, wu.first, wh.first, wdg.first, wdu.first},
+                 static_cast<uint32_t>(std::min<uint64_t>((pairs + kThreads - 1) / kThreads, kMaxGroups)), 1, 1,
+                 "ew_swiglu_bwd");
+  }
+}
+
 void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n, const Fp16RangeFlag* flag) {
   if (n == 0) return;
   const uint64_t out_bytes = (n * 2 + 3) / 4 * 4;

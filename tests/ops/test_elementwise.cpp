@@ -2,10 +2,12 @@
 // inputs of awkward sizes, with sentinels after every output.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "io/float16.h"
 #include "ops/elementwise.h"
@@ -189,6 +191,50 @@ TEST_F(ElementwiseTest, SwigluForwardBackward) {
     expect_close(result(gdg, n), dg, 1e-5);
     expect_close(result(gdu, n), du, 1e-5);
   }
+}
+
+// The fp16 variant of the backward into strided blocks: each value the double reference rounded
+// to fp16 (within an ulp of fp16: the fp32 arithmetic before the rounding may land on the other
+// side of a rounding boundary), the columns past cols and everything after untouched.
+TEST_F(ElementwiseTest, SwigluBackwardF16IntoStridedBlocks) {
+  struct Case {
+    uint32_t rows, cols, ld;
+  };
+  for (const Case& c : {Case{1, 2, 2}, Case{7, 34, 40}, Case{300, 130, 194}, Case{3, 4098, 4162}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " ld " + std::to_string(c.ld));
+    const size_t n = size_t(c.rows) * c.cols, out_n = size_t(c.rows) * c.ld + 8;
+    auto g = random(n), u = random(n), dh = random(n);
+    auto gg = upload(g), gu = upload(u), gdh = upload(dh);
+    const uint16_t sentinel = 0x7e00;
+    gpu::Buffer gdg = ctx().alloc(out_n * 2), gdu = ctx().alloc(out_n * 2);
+    ctx().upload(gdg, std::vector<uint16_t>(out_n, sentinel));
+    ctx().upload(gdu, std::vector<uint16_t>(out_n, sentinel));
+    ops::swiglu_backward_f16(ctx(), gg, gu, gdh, gdg, gdu, c.rows, c.cols, c.ld);
+    std::vector<double> dg(n), du(n);
+    auto gd = to_double(g), ud = to_double(u), dhd = to_double(dh);
+    ref::swiglu_backward(dg.data(), du.data(), dhd.data(), gd.data(), ud.data(), n);
+    for (const auto& [buffer, want, name] : {std::tuple{&gdg, &dg, "dg"}, std::tuple{&gdu, &du, "du"}}) {
+      const auto got = ctx().download<uint16_t>(*buffer, out_n);
+      size_t bad = 0;
+      for (size_t e = 0; e < out_n; ++e) {
+        const size_t r = e / c.ld, col = e % c.ld;
+        if (r >= c.rows || col >= c.cols) {
+          if (got[e] != sentinel && bad++ < 5) ADD_FAILURE() << name << " half " << e << " was written";
+          continue;
+        }
+        const double w = (*want)[r * c.cols + col];
+        const double tol = std::max(std::abs(w) / 1024.0, 1.0 / (1 << 24));  // an fp16 ulp
+        if (std::abs(io::f16_to_float(got[e]) - w) > tol && bad++ < 5)
+          ADD_FAILURE() << name << " (" << r << ", " << col << "): " << io::f16_to_float(got[e]) << ", want " << w;
+      }
+      EXPECT_EQ(bad, 0u) << name;
+    }
+    ctx().free(gdg);
+    ctx().free(gdu);
+  }
+  gpu::Buffer b = upload(std::vector<float>(64));
+  EXPECT_THROW(ops::swiglu_backward_f16(ctx(), b, b, b, b, b, 2, 3, 4), std::logic_error);  // odd cols
+  EXPECT_THROW(ops::swiglu_backward_f16(ctx(), b, b, b, b, b, 2, 8, 6), std::logic_error);  // cols > ld
 }
 
 TEST_F(ElementwiseTest, RowReductions) {
