@@ -101,6 +101,10 @@ BlockActs allocate_block_acts(const ModelConfig& config, int64_t lora_width, uin
   return a;
 }
 
+void BlockSteps::activation(gpu::Context& ctx, const BlockActs& a, uint32_t tokens, uint32_t cols) {
+  ops::swiglu_forward(ctx, a.g, a.u, a.act, uint64_t(tokens) * cols);
+}
+
 void block_forward(gpu::Context& ctx, const BaseWeights& base, size_t layer, uint32_t tokens,
                    const gpu::Buffer& positions, const gpu::Buffer& x_in, const BlockActs& a, const gpu::Buffer* x_out,
                    BlockSteps& steps) {
@@ -134,7 +138,7 @@ void block_forward(gpu::Context& ctx, const BaseWeights& base, size_t layer, uin
   ops::rmsnorm_forward(ctx, a.x2, L.post_norm, DType::f32, a.h2, a.rstd2, T, H, eps);
   steps.linear(K::Gate, a.h2, a.g, false);
   steps.linear(K::Up, a.h2, a.u, false);
-  ops::swiglu_forward(ctx, a.g, a.u, a.act, uint64_t(T) * I);
+  steps.activation(ctx, a, T, I);
   if (!x_out) {
     steps.down_input(a.act);
     return;

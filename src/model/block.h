@@ -75,6 +75,9 @@ class BlockSteps {
   // a.att (and a.lse where kept) from a.q, a.k, a.v after RoPE: the attention implementation
   // (tiled, matrix-core, fused, or against a KV cache).
   virtual void attention(const BlockActs& a) = 0;
+  // act = silu(a.g) * a.u over [tokens, cols]. An engine may keep it in another form (the training
+  // engine: the fp16 copy its down projection reads, in act's own buffer).
+  virtual void activation(gpu::Context& ctx, const BlockActs& a, uint32_t tokens, uint32_t cols);
   // Called instead of the down projection when block_forward has no output (a recomputation for
   // the backward): whatever the engine keeps of the down projection's input `act`.
   virtual void down_input(const gpu::Buffer& act) { (void)act; }

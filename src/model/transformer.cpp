@@ -340,7 +340,8 @@ void Transformer::lora_group_backward(size_t layer, LinearKind first, uint32_t n
 }
 
 void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
-                                 const gpu::Buffer& lora_t, bool accumulate, bool lora_t_ready, bool input16_ready) {
+                                 const gpu::Buffer& lora_t, bool accumulate, bool lora_t_ready, bool input16_ready,
+                                 bool x_f16) {
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
   const uint32_t T = tokens_;
   const float beta = accumulate ? 1.0f : 0.0f;
@@ -349,13 +350,14 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
     // y (=|+=) [x | t] [W | scale B]^T: the LoRA update inside the base product, K = in + P
     // (t and scale B rounded to fp16, zero columns up to P), instead of a second pass over y.
     const uint32_t P = lora_pad_, K = lin.in + P, r = slot->rank;
-    const MatrixView xin = base_input(x, lin.in, input16_ready, P, range_site(layer, kind));
+    const MatrixView xin =
+        x_f16 ? MatrixView{x, DType::f16, 0, K} : base_input(x, lin.in, input16_ready, P, range_site(layer, kind));
     // t = x A^T from x's fp16 copy (dropout: dropout(x) A^T), unless lora_group_forward made it
     if (!lora_t_ready && dropout_on_) lora_input_forward(layer, *slot, x, lora_t);
     if (!lora_t_ready && !dropout_on_)
       ops::gemm(ctx_, lora_product({T, r, lin.in, false, true}, "lora_xa"), xin, lora_weight(slot->a_offset, lin.in),
                 lora_view(lora_t, kind), options_.base_kernel);
-    ops::to_f16_block(ctx_, lora_t, lora_column_[static_cast<int>(kind)], lora_width_, input16_, lin.in, K, T, r, P);
+    ops::to_f16_block(ctx_, lora_t, lora_column_[static_cast<int>(kind)], lora_width_, xin.buffer, lin.in, K, T, r, P);
     ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16, K);
     ops::to_f16_block(ctx_, lora_.params(), slot->b_offset, r, nf4_scratch_, lin.in, K, lin.out, r, P, lora_.scale());
     ops::gemm(ctx_, GemmShape{T, lin.out, K, false, true, 1.0f, beta}, xin, MatrixView{nf4_scratch_, DType::f16, 0, K},
@@ -363,6 +365,7 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
     if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
     return;
   }
+  if (x_f16) throw std::logic_error("linear_forward: an fp16 x needs the folded LoRA path");
   // t = x A^T (or dropout(x) A^T)  [T, r], unless lora_group_forward made it
   if (slot && !lora_t_ready) lora_input_forward(layer, *slot, x, lora_t);
   if (lin.nf4 && !nf4_scratch_.valid()) {
@@ -384,14 +387,14 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
 
 void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
                                   const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx, bool grouped,
-                                  bool dy_f16) {
+                                  bool dy_f16, bool x_f16) {
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
   const uint32_t T = tokens_;
   const float beta = accumulate_dx ? 1.0f : 0.0f;
   const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind);
   // With dropout dx gets mask * (dt A), which cannot join dy W.
-  if (!dropout_on_ && lora_folds(lin, s)) return linear_backward_folded(lin, *s, x, dy, dx, beta, grouped, dy_f16);
-  if (dy_f16) throw std::logic_error("linear_backward: an fp16 dy needs the folded LoRA path");
+  if (!dropout_on_ && lora_folds(lin, s)) return linear_backward_folded(lin, *s, x, dy, dx, beta, grouped, dy_f16, x_f16);
+  if (dy_f16 || x_f16) throw std::logic_error("linear_backward: an fp16 dy or x needs the folded LoRA path");
   // dx (=|+=) dy W
   if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_dyw(ctx_, dy, *lin.nf4, dx, T, 1.0f, beta, base_operands_, options_.base_kernel);
@@ -426,7 +429,7 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
 
 void Transformer::linear_backward_folded(const BaseLinear& lin, const LoraSlot& s, const gpu::Buffer& x,
                                          const gpu::Buffer& dy, const gpu::Buffer& dx, float beta, bool grouped,
-                                         bool dy_f16) {
+                                         bool dy_f16, bool x_f16) {
   const uint32_t T = tokens_, r = s.rank, P = lora_pad_, K = lin.out + P;
   const float scale = lora_.scale();
   const uint32_t column = lora_column_[static_cast<int>(s.kind)];
@@ -455,9 +458,18 @@ void Transformer::linear_backward_folded(const BaseLinear& lin, const LoraSlot& 
             MatrixView{dx, DType::f32, 0, lin.in}, options_.base_kernel);
   if (grouped) return;  // dA for the group: lora_group_backward
   // dA += dt^T x                  [r, in]
+  const MatrixView x16 = x_f16 ? MatrixView{x, DType::f16, 0, lin.in + P} : base_input(x, lin.in);
   ops::gemm(ctx_, lora_product({r, lin.in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"),
-            MatrixView{dt16_, DType::f16, column, lora_width_}, base_input(x, lin.in),
-            MatrixView{lora_.grad_a(s), DType::f32, 0, lin.in}, options_.base_kernel);
+            MatrixView{dt16_, DType::f16, column, lora_width_}, x16, MatrixView{lora_.grad_a(s), DType::f32, 0, lin.in},
+            options_.base_kernel);
+}
+
+bool Transformer::down_f16(size_t layer) const {
+  if (dropout_on_) return false;
+  const uint64_t I = static_cast<uint64_t>(c_.intermediate_size);
+  const BaseLinear& down = base_.layers[layer].linears[static_cast<int>(LinearKind::Down)];
+  // act's fp32 [T, I] buffer holds the fp16 [T, I + lora_pad_] copy when I >= lora_pad_.
+  return lora_folds(down, lora_.find(static_cast<int64_t>(layer), LinearKind::Down)) && I % 2 == 0 && I >= lora_pad_;
 }
 
 bool Transformer::mlp_backward_f16(size_t layer) const {
@@ -538,7 +550,15 @@ class Transformer::ForwardSteps : public BlockSteps {
       t_ready = group_ > index;
       input16_ready = true;  // the group's first base product made the copy
     }
-    e_.linear_forward(layer_, kind, x, y, a_.t, accumulate, t_ready, input16_ready);
+    e_.linear_forward(layer_, kind, x, y, a_.t, accumulate, t_ready, input16_ready,
+                      kind == K::Down && e_.down_f16(layer_));
+  }
+
+  void activation(gpu::Context& ctx, const BlockActs& a, uint32_t tokens, uint32_t cols) override {
+    if (!e_.down_f16(layer_)) return BlockSteps::activation(ctx, a, tokens, cols);
+    const ops::Fp16RangeFlag flag{e_.range_flags_, static_cast<uint32_t>(e_.range_site(layer_, LinearKind::Down))};
+    ops::swiglu_forward_f16(ctx, a.g, a.u, a.act, tokens, cols, cols + e_.lora_pad_,
+                            e_.range_flags_.valid() ? &flag : nullptr);
   }
 
   void attention(const BlockActs& a) override {
@@ -562,8 +582,14 @@ class Transformer::ForwardSteps : public BlockSteps {
 
   // A recomputation for the backward: of the down projection only its LoRA input t is needed.
   void down_input(const gpu::Buffer& act) override {
-    if (const LoraSlot* s = e_.lora_.find(static_cast<int64_t>(layer_), LinearKind::Down))
-      e_.lora_input_forward(layer_, *s, act, a_.t);
+    const LoraSlot* s = e_.lora_.find(static_cast<int64_t>(layer_), LinearKind::Down);
+    if (!s) return;
+    if (!e_.down_f16(layer_)) return e_.lora_input_forward(layer_, *s, act, a_.t);
+    // t = act A^T from act's fp16 copy (activation above), as linear_forward's folded path does
+    const uint32_t in = s->in;
+    ops::gemm(e_.ctx_, lora_product({e_.tokens_, s->rank, in, false, true}, "lora_xa"),
+              MatrixView{act, DType::f16, 0, in + e_.lora_pad_}, e_.lora_weight(s->a_offset, in),
+              e_.lora_view(a_.t, LinearKind::Down), e_.options_.base_kernel);
   }
 
  private:
@@ -590,7 +616,7 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
   if (lora_f16_) ops::to_f16(ctx_, a.t, t16_, uint64_t(T) * lora_width_);  // the dB products' t
 
   // MLP: dx is the gradient of x3 = x2 + down(act)
-  linear_backward(i, K::Down, a.act, a.t, dx, g.dact, false);
+  linear_backward(i, K::Down, a.act, a.t, dx, g.dact, false, false, false, down_f16(i));
   const bool mlp16 = mlp_backward_f16(i);
   if (mlp16)
     ops::swiglu_backward_f16(ctx_, a.g, a.u, g.dact, g.dg, g.du, T, I, I + lora_pad_);

@@ -141,22 +141,27 @@ class Transformer {
   // lora_t is the layer's [T, targets * r] buffer of LoRA inputs (LayerActs::t); with
   // lora_t_ready, lora_group_forward already wrote this projection's block; with input16_ready
   // the previous base product read the same x (q, k, v; gate, up), whose fp16 copy is reused.
+  // x_f16: x already holds the fp16 [T, in + lora_pad_] copy the folded path reads (down_f16).
   void linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
                       const gpu::Buffer& lora_t, bool accumulate, bool lora_t_ready = false,
-                      bool input16_ready = false);
+                      bool input16_ready = false, bool x_f16 = false);
   // linear_backward where lora_folds: dB, dt, dx = [dy | dt] [W ; A], dA (unless grouped).
   void linear_backward_folded(const BaseLinear& lin, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& dy,
-                              const gpu::Buffer& dx, float beta, bool grouped, bool dy_f16);
+                              const gpu::Buffer& dx, float beta, bool grouped, bool dy_f16, bool x_f16);
   // grouped: leave dA and the LoRA part of dx to lora_group_backward. dy_f16: dy already holds
   // the fp16 [T, out + lora_pad_] copy the folded path reads (swiglu_backward_f16 made it; see
-  // mlp_backward_f16), with room for dt beside it.
+  // mlp_backward_f16), with room for dt beside it; x_f16: x is such a copy (down_f16).
   void linear_backward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& lora_t,
                        const gpu::Buffer& dy, const gpu::Buffer& dx, bool accumulate_dx, bool grouped = false,
-                       bool dy_f16 = false);
+                       bool dy_f16 = false, bool x_f16 = false);
   // Whether layer's gate and up backward read their dy as fp16 copies that SwiGLU's backward
   // writes directly (into the fp32 dg / du buffers, which have room for them): both fold their
   // LoRA products, no dropout. Saves writing dg and du in fp32 and copying them.
   bool mlp_backward_f16(size_t layer) const;
+  // Whether layer's SwiGLU writes act as the fp16 [T, I + lora_pad_] copy its down projection
+  // reads (forward, recomputation and backward alike), into act's fp32 buffer, which has room for
+  // it: down folds its LoRA products, no dropout. Saves writing act in fp32 and copying it.
+  bool down_f16(size_t layer) const;
   // The block of `kind` in a [T, targets * r] LoRA buffer (LayerActs::t, GradScratch::dt), from row0.
   ops::MatrixView lora_view(const gpu::Buffer& b, LinearKind kind, uint64_t row0 = 0) const;
   // LoRA factors as the B operand of a product: the fp16 copy (lora16_) or the fp32 parameters,

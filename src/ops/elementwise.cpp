@@ -93,18 +93,28 @@ void swiglu_backward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer&
   run_elementwise(ctx, kernels::ew_swiglu_bwd, {g, u, dh}, {dg, du}, n);
 }
 
-void swiglu_backward_f16(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& dh,
-                         const gpu::Buffer& dg16, const gpu::Buffer& du16, uint32_t rows, uint32_t cols, uint32_t ld) {
+namespace {
+// swiglu_forward_f16 (dh, du16 null) and swiglu_backward_f16: kernels/swiglu_f16.comp over rows
+// split into dispatches within the binding limit.
+void run_swiglu_f16(gpu::Context& ctx, const char* op, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer* dh,
+                    const gpu::Buffer& out16, const gpu::Buffer* du16, uint32_t rows, uint32_t cols, uint32_t ld,
+                    const Fp16RangeFlag* flag) {
   if (rows == 0 || cols == 0) return;
-  if (cols % 2 || ld % 2 || cols > ld) throw std::logic_error("swiglu_backward_f16: cols and ld must be even, cols <= ld");
+  if (cols % 2 || ld % 2 || cols > ld) throw std::logic_error(std::string(op) + ": cols and ld must be even, cols <= ld");
   const uint64_t in_bytes = uint64_t(rows) * cols * 4, out_bytes = (uint64_t(rows - 1) * ld + cols) * 2;
-  if (g.size < in_bytes || u.size < in_bytes || dh.size < in_bytes || dg16.size < out_bytes || du16.size < out_bytes)
-    throw std::logic_error("swiglu_backward_f16: buffer smaller than its shape");
+  if (g.size < in_bytes || u.size < in_bytes || (dh && dh->size < in_bytes) || out16.size < out_bytes ||
+      (du16 && du16->size < out_bytes))
+    throw std::logic_error(std::string(op) + ": buffer smaller than its shape");
+  if (flag && flag->flags.size < (uint64_t(flag->index) + 1) * 4)
+    throw std::logic_error(std::string(op) + ": flag outside its buffer");
   struct Push {
-    uint32_t rows, cols, ld, g_off, u_off, dh_off, dg_off, du_off;
+    uint32_t rows, cols, ld, g_off, u_off, dh_off, out_off, out2_off, flag;
   };
-  static_assert(kernels::push_block_matches<Push>(kernels::swiglu_backward_f16));
-  const auto& p = ctx.pipelines().get(kernels::swiglu_backward_f16);
+  static_assert(kernels::push_block_matches<Push>(kernels::swiglu_fwd_f16, kernels::swiglu_fwd_f16_checked,
+                                                  kernels::swiglu_bwd_f16));
+  const auto& p = ctx.pipelines().get(dh     ? kernels::swiglu_bwd_f16
+                                      : flag ? kernels::swiglu_fwd_f16_checked
+                                             : kernels::swiglu_fwd_f16);
   // Rows per dispatch: every window within the binding limit (and 32-bit indices).
   const uint64_t range = std::min<uint64_t>(usable_binding_bytes(ctx), 1ull << 31);
   const uint32_t per = static_cast<uint32_t>(
@@ -112,20 +122,36 @@ void swiglu_backward_f16(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buf
   for (uint32_t r0 = 0; r0 < rows; r0 += per) {
     const uint32_t n = std::min(per, rows - r0);
     const uint64_t begin = uint64_t(r0) * cols * 4, len = uint64_t(n) * cols * 4;
-    const Window wg = window(ctx, g, begin, len), wu = window(ctx, u, begin, len), wh = window(ctx, dh, begin, len);
     const uint64_t out_begin = uint64_t(r0) * ld * 2, out_len = (uint64_t(n - 1) * ld + cols) * 2;
-    const Window wdg = window(ctx, dg16, out_begin, out_len, 2), wdu = window(ctx, du16, out_begin, out_len, 2);
+    const Window wg = window(ctx, g, begin, len), wu = window(ctx, u, begin, len);
+    const Window wo = window(ctx, out16, out_begin, out_len, 2);
+    std::vector<gpu::Binding> bindings = {{wg.view, gpu::Access::read}, {wu.view, gpu::Access::read}};
+    Push push{n, cols, ld, wg.first, wu.first, 0, wo.first, 0, flag ? flag->index : 0u};
+    if (dh) {
+      const Window wh = window(ctx, *dh, begin, len), wdu = window(ctx, *du16, out_begin, out_len, 2);
+      push.dh_off = wh.first, push.out2_off = wdu.first;
+      bindings.insert(bindings.end(), {{wh.view, gpu::Access::read}, {wo.view, gpu::Access::write},
+                                       {wdu.view, gpu::Access::write}});
+    } else {
+      bindings.push_back({wo.view, gpu::Access::write});
+      if (flag) bindings.push_back({flag->flags, gpu::Access::read_write});
+    }
     const uint64_t pairs = uint64_t(n) * cols / 2;
-    ctx.dispatch(p,
-                 {{wg.view, gpu::Access::read},
-                  {wu.view, gpu::Access::read},
-                  {wh.view, gpu::Access::read},
-                  {wdg.view, gpu::Access::write},
-                  {wdu.view, gpu::Access::write}},
-                 Push{n, cols, ld, wg.first, wu.first, wh.first, wdg.first, wdu.first},
+    ctx.dispatch(p, bindings, push,
                  static_cast<uint32_t>(std::min<uint64_t>((pairs + kThreads - 1) / kThreads, kMaxGroups)), 1, 1,
-                 "ew_swiglu_bwd");
+                 dh ? "ew_swiglu_bwd" : "ew_swiglu");
   }
+}
+}  // namespace
+
+void swiglu_forward_f16(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& h16,
+                        uint32_t rows, uint32_t cols, uint32_t ld, const Fp16RangeFlag* flag) {
+  run_swiglu_f16(ctx, "swiglu_forward_f16", g, u, nullptr, h16, nullptr, rows, cols, ld, flag);
+}
+
+void swiglu_backward_f16(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& dh,
+                         const gpu::Buffer& dg16, const gpu::Buffer& du16, uint32_t rows, uint32_t cols, uint32_t ld) {
+  run_swiglu_f16(ctx, "swiglu_backward_f16", g, u, &dh, dg16, &du16, rows, cols, ld, nullptr);
 }
 
 void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint64_t n, const Fp16RangeFlag* flag) {

@@ -19,16 +19,6 @@ void swiglu_forward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& 
 void swiglu_backward(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& dh,
                      const gpu::Buffer& dg, const gpu::Buffer& du, uint64_t n);
 
-// swiglu_backward with fp16 outputs: dg and du rounded to fp16 (round to nearest even, as
-// to_f16_block) into columns [0, cols) of fp16 [rows, ld] blocks (the rest of each row is left as
-// it is), from fp32 g, u, dh [rows, cols] (kernels/swiglu_backward_f16.comp). For mixed
-// precision's gate and up projections, whose backward reads dy only as fp16 with the LoRA
-// factor beside it. cols and ld even, cols <= ld; dg16 and du16 hold rows * ld halves (the fp32
-// buffers of dg and du have room for them: 2 cols >= ld). Rows are split into dispatches within
-// the binding limit.
-void swiglu_backward_f16(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& dh,
-                         const gpu::Buffer& dg16, const gpu::Buffer& du16, uint32_t rows, uint32_t cols, uint32_t ld);
-
 // Mixed precision's range check: a rounding to fp16 given one sets flags[index] (uint32) to
 // nonzero when a finite value is beyond fp16's range (|x| >= 65520, which rounds to infinity).
 // The flags are only ever raised (atomic OR); the caller zeroes them.
@@ -36,6 +26,18 @@ struct Fp16RangeFlag {
   gpu::Buffer flags;
   uint32_t index = 0;
 };
+
+// SwiGLU with fp16 outputs (kernels/swiglu_f16.comp): h = silu(g) * u, or dg and du of the
+// backward, rounded to fp16 (round to nearest even, as to_f16_block) into columns [0, cols) of
+// fp16 [rows, ld] blocks (the rest of each row is left as it is), from fp32 g, u, dh [rows,
+// cols]. For mixed precision's projections that read these only as fp16 with the LoRA factor
+// beside them (down's input; gate's and up's dy). cols and ld even, cols <= ld; the blocks hold
+// rows * ld halves (the fp32 buffers of h, dg and du have room for them: 2 cols >= ld). flag:
+// the forward range check, as to_f16. Rows are split into dispatches within the binding limit.
+void swiglu_forward_f16(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& h16,
+                        uint32_t rows, uint32_t cols, uint32_t ld, const Fp16RangeFlag* flag = nullptr);
+void swiglu_backward_f16(gpu::Context& ctx, const gpu::Buffer& g, const gpu::Buffer& u, const gpu::Buffer& dh,
+                         const gpu::Buffer& dg16, const gpu::Buffer& du16, uint32_t rows, uint32_t cols, uint32_t ld);
 
 // y = x rounded to fp16 (round to nearest even, as io::float_to_f16), y packed fp16 [n] (bytes:
 // n * 2 rounded up to 4; an odd n writes a 0 after the last value).

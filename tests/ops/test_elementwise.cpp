@@ -193,10 +193,11 @@ TEST_F(ElementwiseTest, SwigluForwardBackward) {
   }
 }
 
-// The fp16 variant of the backward into strided blocks: each value the double reference rounded
-// to fp16 (within an ulp of fp16: the fp32 arithmetic before the rounding may land on the other
-// side of a rounding boundary), the columns past cols and everything after untouched.
-TEST_F(ElementwiseTest, SwigluBackwardF16IntoStridedBlocks) {
+// The fp16 variants into strided blocks (down's input; gate's and up's dy): each value the double
+// reference rounded to fp16 (within an ulp of fp16: the fp32 arithmetic before the rounding may
+// land on the other side of a rounding boundary), the columns past cols and everything after
+// untouched; the forward's range flag raised only by an h beyond fp16's range.
+TEST_F(ElementwiseTest, SwigluF16IntoStridedBlocks) {
   struct Case {
     uint32_t rows, cols, ld;
   };
@@ -206,14 +207,24 @@ TEST_F(ElementwiseTest, SwigluBackwardF16IntoStridedBlocks) {
     auto g = random(n), u = random(n), dh = random(n);
     auto gg = upload(g), gu = upload(u), gdh = upload(dh);
     const uint16_t sentinel = 0x7e00;
-    gpu::Buffer gdg = ctx().alloc(out_n * 2), gdu = ctx().alloc(out_n * 2);
-    ctx().upload(gdg, std::vector<uint16_t>(out_n, sentinel));
-    ctx().upload(gdu, std::vector<uint16_t>(out_n, sentinel));
-    ops::swiglu_backward_f16(ctx(), gg, gu, gdh, gdg, gdu, c.rows, c.cols, c.ld);
-    std::vector<double> dg(n), du(n);
+    std::vector<gpu::Buffer> outs;
+    for (int i = 0; i < 3; ++i) {
+      outs.push_back(ctx().alloc(out_n * 2));
+      ctx().upload(outs.back(), std::vector<uint16_t>(out_n, sentinel));
+    }
+    gpu::Buffer flags = ctx().alloc(8);
+    ctx().upload(flags, std::vector<uint32_t>{0, 0});
+    const ops::Fp16RangeFlag flag{flags, 1};
+    ops::swiglu_forward_f16(ctx(), gg, gu, outs[0], c.rows, c.cols, c.ld, &flag);
+    ops::swiglu_backward_f16(ctx(), gg, gu, gdh, outs[1], outs[2], c.rows, c.cols, c.ld);
+    EXPECT_EQ(ctx().download<uint32_t>(flags, 2), (std::vector<uint32_t>{0, 0}));
+    std::vector<double> h(n), dg(n), du(n);
     auto gd = to_double(g), ud = to_double(u), dhd = to_double(dh);
+    ref::swiglu_forward(h.data(), gd.data(), ud.data(), n);
     ref::swiglu_backward(dg.data(), du.data(), dhd.data(), gd.data(), ud.data(), n);
-    for (const auto& [buffer, want, name] : {std::tuple{&gdg, &dg, "dg"}, std::tuple{&gdu, &du, "du"}}) {
+    const std::tuple<gpu::Buffer*, std::vector<double>*, const char*> checks[] = {
+        {&outs[0], &h, "h"}, {&outs[1], &dg, "dg"}, {&outs[2], &du, "du"}};
+    for (const auto& [buffer, want, name] : checks) {
       const auto got = ctx().download<uint16_t>(*buffer, out_n);
       size_t bad = 0;
       for (size_t e = 0; e < out_n; ++e) {
@@ -229,12 +240,19 @@ TEST_F(ElementwiseTest, SwigluBackwardF16IntoStridedBlocks) {
       }
       EXPECT_EQ(bad, 0u) << name;
     }
-    ctx().free(gdg);
-    ctx().free(gdu);
+    for (const gpu::Buffer& b : outs) ctx().free(b);
+    ctx().free(flags);
   }
+  // h = 300 silu(300) = 90000 rounds to fp16's infinity: the flag goes up.
+  auto big = upload(std::vector<float>(8, 300.0f));
+  gpu::Buffer h16 = ctx().alloc(16), flags = ctx().alloc(4);
+  ctx().upload(flags, std::vector<uint32_t>{0});
+  const ops::Fp16RangeFlag flag{flags, 0};
+  ops::swiglu_forward_f16(ctx(), big, big, h16, 2, 4, 4, &flag);
+  EXPECT_NE(ctx().download<uint32_t>(flags, 1)[0], 0u);
   gpu::Buffer b = upload(std::vector<float>(64));
   EXPECT_THROW(ops::swiglu_backward_f16(ctx(), b, b, b, b, b, 2, 3, 4), std::logic_error);  // odd cols
-  EXPECT_THROW(ops::swiglu_backward_f16(ctx(), b, b, b, b, b, 2, 8, 6), std::logic_error);  // cols > ld
+  EXPECT_THROW(ops::swiglu_forward_f16(ctx(), b, b, b, 2, 8, 6), std::logic_error);         // cols > ld
 }
 
 TEST_F(ElementwiseTest, RowReductions) {

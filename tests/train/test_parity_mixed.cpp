@@ -247,5 +247,42 @@ TEST_F(ParityMixed, ForwardRangeCheckNamesTheLayerAndInput) {
     }
 }
 
+// The same for down_proj's input, which NF4 models' SwiGLU writes as fp16 directly
+// (swiglu_forward_f16, Transformer::down_f16): the last layer's gate and up weights times 1e5
+// (within fp16's range) make silu(gate) * up about 1e8.
+TEST_F(ParityMixed, ForwardRangeCheckNamesTheMlpActivation) {
+  namespace fs = std::filesystem;
+  const fs::path plain = parity_cases_dir() / "qwen3-tied" / "model";
+  const fs::path big = fs::path(FORJA_BINARY_DIR) / "mixed_fp16_range_mlp_model";
+  const model::ModelConfig config = model::load_model_config(plain);
+  const std::string prefix = "model.layers." + std::to_string(config.num_layers - 1) + ".mlp.";
+  write_changed_model(big, [&](const std::string& name, std::vector<float>& v) {
+    if (name == prefix + "gate_proj.weight" || name == prefix + "up_proj.weight")
+      for (float& x : v) x *= 1e5f;
+  });
+  const model::TokenBatch batch = model::random_token_batch(2, 9, config.vocab_size, 4);
+  const io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(big);
+  model::BaseWeightOptions bo;
+  bo.quant = model::BaseQuant::nf4;
+  bo.dense_dtype = ops::DType::f16;
+  model::BaseWeights base = model::load_base_weights(ctx(), ck, config, bo);
+  {
+    model::LoraSet lora(ctx(), config, model::LoraSettings{});
+    lora.init_peft(1);
+    model::TransformerOptions options;
+    options.precision = model::Precision::mixed;
+    model::Transformer tf(ctx(), base, lora, batch.batch, batch.seq, false, options);
+    gpu::Buffer loss = ctx().alloc(16, "loss");
+    ctx().fill(loss, 0);
+    tf.reset_fp16_range_check();
+    tf.run(batch, 1.0f, loss, true);
+    const std::string report = tf.fp16_range_report();
+    ctx().free(loss);
+    EXPECT_NE(report.find("layer " + std::to_string(config.num_layers - 1) + "'s MLP activation"), std::string::npos)
+        << report;
+  }
+  model::free_base_weights(ctx(), base);
+}
+
 }  // namespace
 }  // namespace forja::test
