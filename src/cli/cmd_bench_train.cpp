@@ -127,6 +127,9 @@ int run_bench(BenchOptions o) {
   plan_settings.fused_attention_backward =
       precision == model::Precision::mixed &&
       ops::attention_fused_backward_enabled(*ctx, static_cast<uint32_t>(c.head_dim));
+  plan_settings.attention_qk_f16 =
+      model::attention_keeps_fp16_qk(*ctx, c, static_cast<uint32_t>(plan_settings.batch),
+                                     static_cast<uint32_t>(plan_settings.seq_len), plan_settings.fused_attention_backward);
   const model::MemoryPlan plan = model::plan_training_memory(c, plan_settings);
   const model::StepFlops flops =
       model::training_step_flops(c, o.batch, o.seq_len, o.lora_rank, plan_settings.targets);

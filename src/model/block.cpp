@@ -101,6 +101,21 @@ BlockActs allocate_block_acts(const ModelConfig& config, int64_t lora_width, uin
   return a;
 }
 
+void BlockSteps::position(gpu::Context& ctx, const BaseWeights& base, size_t layer, uint32_t tokens,
+                          const gpu::Buffer& positions, const BlockActs& a) {
+  const ModelConfig& c = base.config;
+  const BaseLayer& L = base.layers[layer];
+  const uint32_t nh = static_cast<uint32_t>(c.num_heads), nkv = static_cast<uint32_t>(c.num_kv_heads),
+                 d = static_cast<uint32_t>(c.head_dim);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (c.qk_norm) {
+    ops::rmsnorm_forward(ctx, a.q_raw, L.q_norm, ops::DType::f32, a.q, a.rstd_q, tokens * nh, d, eps);
+    ops::rmsnorm_forward(ctx, a.k_raw, L.k_norm, ops::DType::f32, a.k, a.rstd_k, tokens * nkv, d, eps);
+  }
+  ops::rope_forward(ctx, a.q, positions, base.inv_freq, tokens, nh, d);
+  ops::rope_forward(ctx, a.k, positions, base.inv_freq, tokens, nkv, d);
+}
+
 void BlockSteps::activation(gpu::Context& ctx, const BlockActs& a, uint32_t tokens, uint32_t cols) {
   ops::swiglu_forward(ctx, a.g, a.u, a.act, uint64_t(tokens) * cols);
 }
@@ -111,26 +126,16 @@ void block_forward(gpu::Context& ctx, const BaseWeights& base, size_t layer, uin
   const ModelConfig& c = base.config;
   const BaseLayer& L = base.layers[layer];
   const uint32_t T = tokens, H = static_cast<uint32_t>(c.hidden_size), I = static_cast<uint32_t>(c.intermediate_size);
-  const uint32_t nh = static_cast<uint32_t>(c.num_heads), nkv = static_cast<uint32_t>(c.num_kv_heads),
-                 d = static_cast<uint32_t>(c.head_dim);
   const float eps = static_cast<float>(c.rms_norm_eps);
   const uint64_t residual_bytes = uint64_t(T) * H * 4;
   using K = LinearKind;
   using ops::DType;
 
   ops::rmsnorm_forward(ctx, x_in, L.input_norm, DType::f32, a.h1, a.rstd1, T, H, eps);
-  if (c.qk_norm) {
-    steps.linear(K::Q, a.h1, a.q_raw, false);
-    steps.linear(K::K, a.h1, a.k_raw, false);
-    ops::rmsnorm_forward(ctx, a.q_raw, L.q_norm, DType::f32, a.q, a.rstd_q, T * nh, d, eps);
-    ops::rmsnorm_forward(ctx, a.k_raw, L.k_norm, DType::f32, a.k, a.rstd_k, T * nkv, d, eps);
-  } else {
-    steps.linear(K::Q, a.h1, a.q, false);
-    steps.linear(K::K, a.h1, a.k, false);
-  }
+  steps.linear(K::Q, a.h1, c.qk_norm ? a.q_raw : a.q, false);
+  steps.linear(K::K, a.h1, c.qk_norm ? a.k_raw : a.k, false);
   steps.linear(K::V, a.h1, a.v, false);
-  ops::rope_forward(ctx, a.q, positions, base.inv_freq, T, nh, d);
-  ops::rope_forward(ctx, a.k, positions, base.inv_freq, T, nkv, d);
+  steps.position(ctx, base, layer, T, positions, a);
   steps.attention(a);
   ctx.copy(x_in.slice(0, residual_bytes), a.x2.slice(0, residual_bytes));
   steps.linear(K::O, a.att, a.x2, true);  // x2 = x + o_proj(att)

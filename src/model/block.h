@@ -75,6 +75,11 @@ class BlockSteps {
   // a.att (and a.lse where kept) from a.q, a.k, a.v after RoPE: the attention implementation
   // (tiled, matrix-core, fused, or against a KV cache).
   virtual void attention(const BlockActs& a) = 0;
+  // a.q and a.k for attention: Qwen3's q/k norm (from a.q_raw, a.k_raw) where the model has one,
+  // then RoPE at `positions`. An engine may keep them in another form (the training engine: the
+  // fp16 copies its fused attention reads, model::attention_keeps_fp16_qk).
+  virtual void position(gpu::Context& ctx, const BaseWeights& base, size_t layer, uint32_t tokens,
+                        const gpu::Buffer& positions, const BlockActs& a);
   // act = silu(a.g) * a.u over [tokens, cols]. An engine may keep it in another form (the training
   // engine: the fp16 copy its down projection reads, in act's own buffer).
   virtual void activation(gpu::Context& ctx, const BlockActs& a, uint32_t tokens, uint32_t cols);

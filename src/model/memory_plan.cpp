@@ -144,7 +144,7 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
     // every sequence of the batch in one dispatch (a device with a small binding limit splits them)
     attention = ops::attention_fused_scratch_bytes(static_cast<std::uint32_t>(s.batch), seq, nh,
                                                    static_cast<std::uint32_t>(c.num_kv_heads),
-                                                   static_cast<std::uint32_t>(c.head_dim));
+                                                   static_cast<std::uint32_t>(c.head_dim), s.attention_qk_f16);
     attention_note = "attention: the fused kernels' fp16 copies";
   } else if (dense_bytes == 2) {
     attention_rows = ops::attention_gemm_chunk_rows(seq, nh, {}, UINT64_MAX);

@@ -42,6 +42,9 @@ struct TrainingSettings {
   // Mixed precision: attention's backward runs the fused kernels (ops::attention_fused_backward_enabled),
   // whose scratch is the fp16 copies, not the GEMM path's chunks of scores.
   bool fused_attention_backward = false;
+  // and it takes q and k as the fp16 copies the forward made (model::attention_keeps_fp16_qk), so
+  // its scratch holds no copies of them.
+  bool attention_qk_f16 = false;
 };
 
 struct MemoryPart {

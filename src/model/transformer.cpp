@@ -115,6 +115,8 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   fused_attention_backward_ =
       options.fused_attention_emulated ||
       (fused_attention_forward_ && ops::attention_fused_backward_enabled(ctx, static_cast<uint32_t>(c_.head_dim)));
+  qk_f16_ = fused_attention_forward_ && fused_attention_backward_ &&
+            attention_keeps_fp16_qk(ctx, c_, max_batch, max_seq, true, options.fused_attention_emulated);
   using Nf4Products = TransformerOptions::Nf4Products;
   const bool dequantize = options.precision == Precision::mixed && options.nf4_products != Nf4Products::fused;
   max_tokens_ = max_batch * max_seq;
@@ -206,6 +208,15 @@ void Transformer::upload_batch(const TokenBatch& b) {
   ctx_.update(targets_, b.targets);
   ctx_.update(positions_, b.positions);
   ctx_.update(segments_, b.segments);
+}
+
+bool attention_keeps_fp16_qk(gpu::Context& ctx, const ModelConfig& c, uint32_t batch, uint32_t seq, bool fused_backward,
+                             bool emulated) {
+  if (!c.qk_norm || !fused_backward || c.head_dim % 4 != 0) return false;
+  ops::AttentionGemmOptions o;
+  o.fused_emulated = emulated;
+  return ops::attention_gemm_takes_f16_qk(ctx, batch, seq, static_cast<uint32_t>(c.num_heads),
+                                          static_cast<uint32_t>(c.num_kv_heads), static_cast<uint32_t>(c.head_dim), o);
 }
 
 MatrixView Transformer::base_fp16(const BaseLinear& lin) {
@@ -554,6 +565,18 @@ class Transformer::ForwardSteps : public BlockSteps {
                       kind == K::Down && e_.down_f16(layer_));
   }
 
+  void position(gpu::Context& ctx, const BaseWeights& base, size_t layer, uint32_t tokens,
+                const gpu::Buffer& positions, const BlockActs& a) override {
+    if (!e_.qk_f16_) return BlockSteps::position(ctx, base, layer, tokens, positions, a);
+    const ModelConfig& c = base.config;
+    const BaseLayer& L = base.layers[layer];
+    const uint32_t nh = static_cast<uint32_t>(c.num_heads), nkv = static_cast<uint32_t>(c.num_kv_heads),
+                   d = static_cast<uint32_t>(c.head_dim);
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    ops::qk_norm_rope_f16(ctx, a.q_raw, L.q_norm, a.q, a.rstd_q, positions, base.inv_freq, tokens, nh, d, eps);
+    ops::qk_norm_rope_f16(ctx, a.k_raw, L.k_norm, a.k, a.rstd_k, positions, base.inv_freq, tokens, nkv, d, eps);
+  }
+
   void activation(gpu::Context& ctx, const BlockActs& a, uint32_t tokens, uint32_t cols) override {
     if (!e_.down_f16(layer_)) return BlockSteps::activation(ctx, a, tokens, cols);
     const ops::Fp16RangeFlag flag{e_.range_flags_, static_cast<uint32_t>(e_.range_site(layer_, LinearKind::Down))};
@@ -573,6 +596,7 @@ class Transformer::ForwardSteps : public BlockSteps {
       ops::AttentionGemmOptions ao{e_.options_.base_kernel};
       ao.fused_forward = e_.fused_attention_forward_;
       ao.fused_emulated = e_.options_.fused_attention_emulated;
+      ao.qk_f16 = e_.qk_f16_;
       ops::attention_gemm_forward(e_.ctx_, a.q, a.k, a.v, e_.segments_, a.att, a.lse, e_.batch_, e_.seq_, nh, nkv, d,
                                   scale, ao);
     } else {
@@ -638,6 +662,7 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
     ops::AttentionGemmOptions ao{options_.base_kernel};
     ao.fused_backward = fused_attention_backward_;
     ao.fused_emulated = options_.fused_attention_emulated;
+    ao.qk_f16 = qk_f16_;
     ops::attention_gemm_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_,
                                  nh, nkv, d, scale, ao);
   } else {

@@ -80,6 +80,14 @@ struct TokenBatch {
   uint64_t target_count() const;
 };
 
+// Whether mixed precision keeps a Qwen3 model's q and k only as the fp16 copies the fused
+// attention kernels read (ops::qk_norm_rope_f16: the q/k norm, RoPE and the rounding in one pass),
+// for up to `batch` sequences of `seq`: a q/k norm, the fused attention forward and backward
+// (fused_backward: they run here; emulated: their emulation, for tests) and every sequence in one
+// dispatch. The Transformer and the memory plan (TrainingSettings::attention_qk_f16) both ask it.
+bool attention_keeps_fp16_qk(gpu::Context& ctx, const ModelConfig& c, uint32_t batch, uint32_t seq,
+                             bool fused_backward, bool emulated = false);
+
 class Transformer {
  public:
   // Buffers for batches of up to max_batch x max_seq tokens are allocated once.
@@ -202,6 +210,7 @@ class Transformer {
   ops::FlashKernel flash_kernel_ = ops::FlashKernel::automatic;
   bool fused_attention_forward_ = false;  // attention gemm: its forward as one fused kernel
   bool fused_attention_backward_ = false;  // and its backward as fused kernels
+  bool qk_f16_ = false;                    // a.q and a.k hold fp16 copies (attention_keeps_fp16_qk)
   gpu::Buffer input16_;  // fp16 copy of a base product's input (TransformerOptions::fp16_input_copies)
   gpu::Buffer input16_source_;  // what input16_ holds a copy of (base_input), and its width
   uint32_t input16_cols_ = 0, input16_ld_ = 0;

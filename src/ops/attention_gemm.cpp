@@ -179,14 +179,17 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
   const uint32_t rows_per_group = warps * 16;
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_forward", m);
   const uint32_t group = std::min(per, m.batch);
-  gpu::Buffer q16 = alloc_f16(ctx, group * m.q_seq(), "attention q fp16");
-  gpu::Buffer k16 = alloc_f16(ctx, group * m.kv_seq(), "attention k fp16");
+  if (o.qk_f16 && per < m.batch) throw std::logic_error("attention_gemm_forward: fp16 q and k need one dispatch");
+  gpu::Buffer q16 = o.qk_f16 ? q : alloc_f16(ctx, group * m.q_seq(), "attention q fp16");
+  gpu::Buffer k16 = o.qk_f16 ? k : alloc_f16(ctx, group * m.kv_seq(), "attention k fp16");
   gpu::Buffer v16 = alloc_f16(ctx, group * m.kv_seq(), "attention v fp16");
   const uint32_t q_width = m.nh * m.d, kv_width = m.nkv * m.d;
   for (uint32_t b0 = 0; b0 < m.batch; b0 += per) {
     const uint32_t nb = std::min(per, m.batch - b0), tokens = nb * m.seq;
-    to_f16_block(ctx, q, uint64_t(b0) * m.q_seq(), q_width, q16, 0, q_width, tokens, q_width, q_width);
-    to_f16_block(ctx, k, uint64_t(b0) * m.kv_seq(), kv_width, k16, 0, kv_width, tokens, kv_width, kv_width);
+    if (!o.qk_f16) {
+      to_f16_block(ctx, q, uint64_t(b0) * m.q_seq(), q_width, q16, 0, q_width, tokens, q_width, q_width);
+      to_f16_block(ctx, k, uint64_t(b0) * m.kv_seq(), kv_width, k16, 0, kv_width, tokens, kv_width, kv_width);
+    }
     to_f16_block(ctx, v, uint64_t(b0) * m.kv_seq(), kv_width, v16, 0, kv_width, tokens, kv_width, kv_width);
     const AttentionBindings f = bind_attention(ctx, m, b0, nb, q, k, v, segments, out, lse);
     const FusedPush push{m.seq, m.nh, m.nkv, m.d, scale, 0, 0, 0, f.segments.offset, f.out.offset, f.lse.offset};
@@ -200,7 +203,9 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
                   {f.lse.buffer, gpu::Access::write}},
                  push, (m.seq + rows_per_group - 1) / rows_per_group, m.nh, nb, "attention_fused_forward", flops);
   }
-  for (const gpu::Buffer& b : {q16, k16, v16}) ctx.free(b);
+  ctx.free(v16);
+  if (!o.qk_f16)
+    for (const gpu::Buffer& b : {q16, k16}) ctx.free(b);
 }
 
 // ---- the fused backward (kernels/flash_backward_khr.comp) ----
@@ -276,8 +281,9 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
   const gpu::Pipeline& p_dkv = pipeline(kernels::flash_bwd_dkv_khr, kernels::flash_bwd_dkv_khr_emu, kv_warps, t.kv_queries);
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_backward", m);
   const uint32_t group = std::min(per, m.batch);
-  gpu::Buffer q16 = alloc_f16(ctx, group * m.q_seq(), "attention q fp16");
-  gpu::Buffer k16 = alloc_f16(ctx, group * m.kv_seq(), "attention k fp16");
+  if (o.qk_f16 && per < m.batch) throw std::logic_error("attention_gemm_backward: fp16 q and k need one dispatch");
+  gpu::Buffer q16 = o.qk_f16 ? q : alloc_f16(ctx, group * m.q_seq(), "attention q fp16");
+  gpu::Buffer k16 = o.qk_f16 ? k : alloc_f16(ctx, group * m.kv_seq(), "attention k fp16");
   gpu::Buffer v16 = alloc_f16(ctx, group * m.kv_seq(), "attention v fp16");
   gpu::Buffer do16 = alloc_f16(ctx, group * m.q_seq(), "attention dout fp16");
   gpu::Buffer drow = ctx.alloc(group * m.stat_seq() * 4, "attention D = rowsum(dout * out)");
@@ -285,8 +291,10 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
   const double pairs = 0.5 * m.seq * (m.seq + 1.0);  // causal (query, key) pairs per head
   for (uint32_t b0 = 0; b0 < m.batch; b0 += per) {
     const uint32_t nb = std::min(per, m.batch - b0), tokens = nb * m.seq;
-    to_f16_block(ctx, q, uint64_t(b0) * m.q_seq(), q_width, q16, 0, q_width, tokens, q_width, q_width);
-    to_f16_block(ctx, k, uint64_t(b0) * m.kv_seq(), kv_width, k16, 0, kv_width, tokens, kv_width, kv_width);
+    if (!o.qk_f16) {
+      to_f16_block(ctx, q, uint64_t(b0) * m.q_seq(), q_width, q16, 0, q_width, tokens, q_width, q_width);
+      to_f16_block(ctx, k, uint64_t(b0) * m.kv_seq(), kv_width, k16, 0, kv_width, tokens, kv_width, kv_width);
+    }
     to_f16_block(ctx, v, uint64_t(b0) * m.kv_seq(), kv_width, v16, 0, kv_width, tokens, kv_width, kv_width);
     to_f16_block(ctx, dout, uint64_t(b0) * m.q_seq(), q_width, do16, 0, q_width, tokens, q_width, q_width);
     const AttentionBindings f = bind_attention(ctx, m, b0, nb, q, k, v, segments, out, lse);
@@ -316,7 +324,9 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
     run(p_dkv, bind_elements(ctx, dk, b0 * m.kv_seq(), nb * m.kv_seq()), &bdv, kv_warps * 16, m.nkv, 4,
         "attention_fused_backward_dkv");
   }
-  for (const gpu::Buffer& b : {q16, k16, v16, do16, drow}) ctx.free(b);
+  for (const gpu::Buffer& b : {v16, do16, drow}) ctx.free(b);
+  if (!o.qk_f16)
+    for (const gpu::Buffer& b : {q16, k16}) ctx.free(b);
 }
 
 // One query chunk: rows [c0, c0 + rows) of a sequence against keys [0, keys), keys = c0 + rows.
@@ -382,10 +392,20 @@ void attention_row_dot(gpu::Context& ctx, const gpu::Buffer& out, const gpu::Buf
 }
 
 uint64_t attention_fused_scratch_bytes(uint32_t sequences, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,
-                                       uint32_t head_dim) {
+                                       uint32_t head_dim, bool qk_f16) {
   const Dims m{sequences, seq, n_heads, n_kv_heads, head_dim};
   auto f16 = [](uint64_t halves) { return (halves + 7) / 8 * 16; };  // alloc_f16
-  return 2 * f16(sequences * m.q_seq()) + 2 * f16(sequences * m.kv_seq()) + sequences * m.stat_seq() * 4;
+  const uint64_t copies = qk_f16 ? f16(sequences * m.q_seq()) + f16(sequences * m.kv_seq())  // dout, v
+                                 : 2 * f16(sequences * m.q_seq()) + 2 * f16(sequences * m.kv_seq());
+  return copies + sequences * m.stat_seq() * 4;
+}
+
+bool attention_gemm_takes_f16_qk(gpu::Context& ctx, uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,
+                                 uint32_t head_dim, const AttentionGemmOptions& o) {
+  const Dims m{batch, seq, n_heads, n_kv_heads, head_dim};
+  if (batch == 0 || seq == 0 || !o.fused_forward || !o.fused_backward || !fused_runs(ctx, head_dim, o)) return false;
+  return sequences_per_dispatch(ctx, "attention_gemm_forward", m) >= batch &&
+         sequences_per_dispatch(ctx, "attention_gemm_backward", m) >= batch;
 }
 
 bool attention_fused_backward_enabled(gpu::Context& ctx, uint32_t head_dim) {
@@ -426,6 +446,7 @@ void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::
   check(ctx, op, m, o);
   check_attention_operands(op, m, q, k, v, segments, out, lse);
   if (o.fused_forward && fused_runs(ctx, head_dim, o)) return fused_forward(ctx, m, q, k, v, segments, out, lse, scale, o);
+  if (o.qk_f16) throw std::logic_error("attention_gemm_forward: fp16 q and k are for the fused kernels only");
 
   const uint32_t C = attention_gemm_chunk_rows(ctx, seq, n_heads, o);
   const uint64_t chunk_elems = uint64_t(n_heads) * C * round_up8(seq);
@@ -479,6 +500,7 @@ void attention_gemm_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu:
   check_attention_gradients(op, m, dout, dq, dk, dv);
   if (o.fused_backward && fused_runs(ctx, head_dim, o))
     return fused_backward(ctx, m, q, k, v, segments, out, lse, dout, dq, dk, dv, scale, o);
+  if (o.qk_f16) throw std::logic_error("attention_gemm_backward: fp16 q and k are for the fused kernels only");
 
   const uint32_t C = attention_gemm_chunk_rows(ctx, seq, n_heads, o);
   const uint64_t chunk_elems = uint64_t(n_heads) * C * round_up8(seq);

@@ -55,6 +55,9 @@ struct AttentionGemmOptions {
   struct FusedBackwardTiles {
     uint32_t dq_warps = 4, dq_keys = 64, kv_warps = 4, kv_queries = 32;
   } fused_backward_tiles;
+  // q and k hold the fp16 [tokens, heads, d] copies the fused kernels read (ops::qk_norm_rope_f16
+  // made them), not fp32: the fused forward and backward only, where attention_gemm_takes_f16_qk.
+  bool qk_f16 = false;
   // Tests: where fused_forward / fused_backward ask for the fused kernels, run their emulation
   // (kernels/flash_khr_common.glsl: no cooperative matrices, one 32-lane subgroup per workgroup,
   // any device, lavapipe included) with the accumulator element order {emulated_row_shift,
@@ -66,6 +69,12 @@ struct AttentionGemmOptions {
   // the 64-row tiles the real kernels run are covered too.
   uint32_t emulated_tile = 32;
 };
+
+// Whether attention_gemm_forward and _backward take q and k as fp16 copies (AttentionGemmOptions::
+// qk_f16) for up to `batch` sequences of `seq`: both fused (o.fused_forward, o.fused_backward, and
+// the device or o.fused_emulated runs them) and every sequence in one dispatch.
+bool attention_gemm_takes_f16_qk(gpu::Context& ctx, uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,
+                                 uint32_t head_dim, const AttentionGemmOptions& o);
 
 // Empty when the fused forward runs head_dim on this device, else why not: it needs KHR
 // cooperative matrices 16x16x16 (fp16, fp32 accumulation) at subgroup 32, NV cooperative matrix 2's
@@ -96,9 +105,10 @@ uint32_t attention_gemm_chunk_rows(const gpu::Context& ctx, uint32_t seq, uint32
 
 // Peak scratch bytes of attention_gemm_backward (the larger of the two) for one call.
 uint64_t attention_gemm_scratch_bytes(uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t chunk_rows);
-// The same with the fused kernels (fp16 copies of q, k, v and dout, and D, for `sequences` at once).
+// The same with the fused kernels (fp16 copies of q, k, v and dout, and D, for `sequences` at once;
+// qk_f16: AttentionGemmOptions::qk_f16, no copies of q and k).
 uint64_t attention_fused_scratch_bytes(uint32_t sequences, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,
-                                       uint32_t head_dim);
+                                       uint32_t head_dim, bool qk_f16 = false);
 
 void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
                             const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,

@@ -63,4 +63,56 @@ void rope_backward(gpu::Context& ctx, const gpu::Buffer& dx, const gpu::Buffer& 
   rope_apply(ctx, "rope_backward", -1.0f, dx, positions, inv_freq, tokens, heads, head_dim);
 }
 
+void qk_norm_rope_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& w, const gpu::Buffer& out,
+                      const gpu::Buffer& rstd, const gpu::Buffer& positions, const gpu::Buffer& inv_freq,
+                      uint32_t tokens, uint32_t heads, uint32_t head_dim, float eps) {
+  constexpr const char* op = "qk_norm_rope_f16";
+  if (tokens == 0 || heads == 0) return;
+  if (head_dim == 0 || head_dim % 4 != 0)
+    throw std::logic_error(std::string(op) + ": head_dim " + std::to_string(head_dim) + " must be a multiple of 4");
+  const uint64_t rows = uint64_t(tokens) * heads, row_bytes = uint64_t(heads) * head_dim * 4;  // one token, fp32
+  check_buffer(ctx, op, "x", x, tokens * row_bytes);
+  check_buffer(ctx, op, "out", out, tokens * row_bytes / 2);
+  check_buffer(ctx, op, "rstd", rstd, rows * 4);
+  check_buffer(ctx, op, "w", w, uint64_t(head_dim) * 4);
+  check_buffer(ctx, op, "positions", positions, uint64_t(tokens) * 4);
+  check_buffer(ctx, op, "inv_freq", inv_freq, uint64_t(head_dim / 2) * 4);
+  struct Push {
+    uint32_t rows, heads, head_dim, first_x, first_out, first_r, first_pos;
+    float eps;
+  };
+  static_assert(kernels::push_block_matches<Push>(kernels::qk_norm_rope_f16));
+  // Invocations per row: up to 32, one pair of column pairs each per pass (no idle ones where
+  // head_dim / 4 is smaller); workgroups of 256 on a GPU, of two rows' lanes (at least 32) on a
+  // CPU, where every barrier is a pass over the workgroup (as rmsnorm.cpp).
+  uint32_t lanes = 1;
+  while (lanes < 32 && lanes * 2 <= head_dim / 4) lanes *= 2;
+  const uint32_t wg = ctx.info().is_cpu() ? std::max(2 * lanes, 32u) : 256;
+  const uint32_t rows_per_group = wg / lanes;
+  const auto& p = ctx.pipelines().get(kernels::qk_norm_rope_f16, {wg, lanes});
+  const uint64_t chunk = std::min<uint64_t>(usable_binding_bytes(ctx) / row_bytes, (1ull << 31) / row_bytes);
+  if (chunk == 0) throw std::logic_error(std::string(op) + ": one token exceeds the device's binding limit");
+  const gpu::Buffer wv = w.slice(0, std::min<uint64_t>(w.size, (uint64_t(head_dim) * 4 + 15) / 16 * 16));
+  const gpu::Buffer freq = inv_freq.slice(0, std::min<uint64_t>(inv_freq.size, (uint64_t(head_dim / 2) * 4 + 15) / 16 * 16));
+  for (uint64_t t0 = 0; t0 < tokens; t0 += chunk) {
+    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(chunk, tokens - t0));
+    const uint32_t nrows = n * heads;
+    const Window xw = window(ctx, x, t0 * row_bytes, n * row_bytes);
+    const Window ow = window(ctx, out, t0 * row_bytes / 2, n * row_bytes / 2, 2);
+    const Window rw = window(ctx, rstd, t0 * heads * 4, uint64_t(nrows) * 4);
+    const Window pw = window(ctx, positions, t0 * 4, uint64_t(n) * 4);
+    const uint32_t groups = (nrows + rows_per_group - 1) / rows_per_group;
+    const uint32_t gx = std::min<uint32_t>(groups, 65535), gy = (groups + gx - 1) / gx;
+    ctx.dispatch(p,
+                 {{xw.view, gpu::Access::read},
+                  {wv, gpu::Access::read},
+                  {ow.view, gpu::Access::write},
+                  {rw.view, gpu::Access::write},
+                  {pw.view, gpu::Access::read},
+                  {freq, gpu::Access::read}},
+                 Push{nrows, heads, head_dim, xw.first, ow.first, rw.first, pw.first, eps}, gx, gy, 1,
+                 "qk_norm_rope", 10.0 * double(nrows) * head_dim);
+  }
+}
+
 }  // namespace forja::ops

@@ -21,4 +21,15 @@ void rope_forward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& po
 void rope_backward(gpu::Context& ctx, const gpu::Buffer& dx, const gpu::Buffer& positions, const gpu::Buffer& inv_freq,
                    uint32_t tokens, uint32_t heads, uint32_t head_dim);
 
+// Qwen3's per-head q/k norm, RoPE and the rounding to fp16 in one pass (kernels/qk_norm_rope.comp):
+// out (fp16 [tokens, heads, head_dim], packed two per uint) = fp16(rope(rmsnorm(x, w))) and rstd
+// [tokens * heads] as rmsnorm_forward gives it, from x fp32 [tokens, heads, head_dim] and w fp32
+// [head_dim]: the same fp32 operations as rmsnorm_forward, rope_forward and to_f16_block in turn
+// (the row's sum of squares in another order). For the fused attention kernels, which read q and
+// k only as fp16 (model/transformer.cpp). head_dim a multiple of 4; token chunks within the
+// binding limit.
+void qk_norm_rope_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& w, const gpu::Buffer& out,
+                      const gpu::Buffer& rstd, const gpu::Buffer& positions, const gpu::Buffer& inv_freq,
+                      uint32_t tokens, uint32_t heads, uint32_t head_dim, float eps);
+
 }  // namespace forja::ops

@@ -294,6 +294,8 @@ void Run::load() {
   ts.dense_weight_bytes = precision == model::Precision::mixed ? 2 : 4;
   ts.fused_attention_backward = precision == model::Precision::mixed &&
                                 ops::attention_fused_backward_enabled(*ctx_, static_cast<uint32_t>(mc_.head_dim));
+  ts.attention_qk_f16 = model::attention_keeps_fp16_qk(*ctx_, mc_, static_cast<uint32_t>(ts.batch),
+                                                       static_cast<uint32_t>(ts.seq_len), ts.fused_attention_backward);
   ts.nf4 = c_.quant == model::BaseQuant::nf4;
   ts.targets.clear();
   for (model::LinearKind k : model::kAllLinears)

@@ -7,6 +7,8 @@
 #include <random>
 #include <string>
 
+#include "io/float16.h"
+#include "ops/ref/rmsnorm_ref.h"
 #include "ops/ref/rope_ref.h"
 #include "ops/rope.h"
 #include "support/gpu_buffers.h"
@@ -116,6 +118,45 @@ TEST_F(RopeTest, SplitsAtTheBindingLimit) {
   expect_close(got, y, 2e-6);
   EXPECT_EQ(ctx().download<float>(gx.slice(tokens * row_bytes, kPad * 4), kPad), std::vector<float>(kPad, kSentinel))
       << "write past the end";
+}
+
+// Qwen3's q/k norm, RoPE and fp16 rounding in one pass against the double-precision rmsnorm then
+// RoPE: each value within an fp16 ulp (plus the fp32 rounding before it), rstd to 1e-5, nothing
+// written past the outputs; head_dim 4 to 128, rows that leave the last workgroup part idle.
+TEST_F(RopeTest, QkNormRopeF16MatchesNormThenRope) {
+  const float eps = 1e-6f;
+  for (Shape s : {Shape{11, 3, 16}, Shape{11, 3, 128}, Shape{1, 1, 4}, Shape{300, 3, 128}, Shape{7, 16, 64},
+                  Shape{5, 7, 96}}) {
+    SCOPED_TRACE(std::to_string(s.tokens) + "x" + std::to_string(s.heads) + "x" + std::to_string(s.head_dim));
+    const size_t rows = size_t(s.tokens) * s.heads, n = rows * s.head_dim;
+    auto x = random(n), w = random(s.head_dim);
+    auto pos = positions(s.tokens);
+    auto freq = inv_freq(s.head_dim);
+    auto gx = upload(x), gw = upload(w), gp = upload(pos), gf = upload(freq);
+    const uint16_t sentinel = 0x7e00;
+    gpu::Buffer gout = ctx().alloc(n * 2 + 16), grstd = upload(std::vector<float>(rows, 0.0f));
+    bufs_.push_back(gout);
+    ctx().upload(gout, std::vector<uint16_t>(n + 8, sentinel));
+    ops::qk_norm_rope_f16(ctx(), gx, gw, gout, grstd, gp, gf, s.tokens, s.heads, s.head_dim, eps);
+    std::vector<double> normed(n), rstd(rows), y(n), xd = to_double(x), wd = to_double(w), fd = to_double(freq);
+    ref::rmsnorm_forward(normed.data(), rstd.data(), xd.data(), wd.data(), int64_t(rows), s.head_dim, eps);
+    ref::rope_forward(y.data(), normed.data(), pos.data(), fd.data(), s.tokens, s.heads, s.head_dim);
+    expect_close(result(grstd, rows), rstd, 1e-5);
+    const auto got = ctx().download<uint16_t>(gout, n + 8);
+    size_t bad = 0;
+    for (size_t e = 0; e < n + 8; ++e) {
+      if (e >= n) {
+        if (got[e] != sentinel && bad++ < 5) ADD_FAILURE() << "half " << e << " past the output was written";
+        continue;
+      }
+      const double tol = std::abs(y[e]) / 1024.0 + 1e-5;  // an fp16 ulp, and fp32's error on cancelling terms
+      if (std::abs(io::f16_to_float(got[e]) - y[e]) > tol && bad++ < 5)
+        ADD_FAILURE() << "element " << e << ": " << io::f16_to_float(got[e]) << ", want " << y[e];
+    }
+    EXPECT_EQ(bad, 0u);
+  }
+  auto b = upload(std::vector<float>(64)), gp = upload(std::vector<int32_t>(2));
+  EXPECT_THROW(ops::qk_norm_rope_f16(ctx(), b, b, b, b, gp, b, 2, 1, 6, eps), std::logic_error);  // head_dim % 4
 }
 
 TEST_F(RopeTest, RejectsOddHeadDim) {
