@@ -16,10 +16,23 @@
 // 8 rows per workgroup (one workgroup per 128-column row ran at about half the memory's speed).
 // `first_*` are element offsets inside the bindings: the op binds chunks of large tensors at
 // aligned offsets and passes the remainder here.
+//   rmsnorm_fwd_out16*: the forward with y rounded to fp16 (round_to_f16, as to_f16_block) into
+//                columns [0, cols) of an fp16 [rows, ld_y] block (cols even), for mixed precision's
+//                projections that read their input only as fp16 (model/transformer.cpp);
+//                _checked also sets flags[pc.flag] |= 1 when a finite y is beyond fp16's range
+//                                                                 (x, w, y16, rstd[, flags])
 //! variant rmsnorm_fwd_f32 -DFORWARD
 //! variant rmsnorm_fwd_f16 -DFORWARD -DW_F16
+//! variant rmsnorm_fwd_out16 -DFORWARD -DOUT16
+//! variant rmsnorm_fwd_out16_checked -DFORWARD -DOUT16 -DRANGE_FLAG
 //! variant rmsnorm_bwd_f32 -DBACKWARD
 //! variant rmsnorm_bwd_f16 -DBACKWARD -DW_F16
+#ifdef RANGE_FLAG
+#extension GL_KHR_memory_scope_semantics : require
+#endif
+#ifdef OUT16
+#include "f16_round.glsl"
+#endif
 #ifdef W_F16
 #extension GL_EXT_shader_16bit_storage : require
 #define WTYPE float16_t
@@ -38,13 +51,23 @@ layout(push_constant) uniform PC {
   uint first_r;   // element offset of row 0 in rstd
   float eps;
   uint accumulate;  // backward: 1 = dx += result
+  uint first_y;     // out16: fp16 element offset of row 0 in y16 (even)
+  uint ld_y;        // out16: y16's row stride in halves (even)
+  uint flag;        // out16_checked: the flag this conversion sets
 } pc;
 
 #ifdef FORWARD
 layout(set = 0, binding = 0) readonly buffer X { float x[]; };
 layout(set = 0, binding = 1) readonly buffer W { WTYPE w[]; };
+#ifdef OUT16
+layout(set = 0, binding = 2) writeonly buffer Y16 { uint y16[]; };
+#else
 layout(set = 0, binding = 2) buffer Y { float y[]; };
+#endif
 layout(set = 0, binding = 3) writeonly buffer R { float rstd[]; };
+#ifdef RANGE_FLAG
+layout(set = 0, binding = 4) buffer Flags { uint flags[]; };
+#endif
 #else
 layout(set = 0, binding = 0) readonly buffer DY { float dy[]; };
 layout(set = 0, binding = 1) readonly buffer X { float x[]; };
@@ -79,7 +102,21 @@ void main() {
   float ss = 0.0;
   for (uint c = lane; c < end; c += LANES) ss += x[base + c] * x[base + c];
   const float s = 1.0 / sqrt(row_sum(ss) / float(pc.cols) + pc.eps);
+#ifdef OUT16
+  bool beyond = false;
+  const uint at = pc.first_y + (live ? row : 0u) * pc.ld_y;
+  for (uint c = 2u * lane; c < end; c += 2u * LANES) {
+    const float y0 = float(w[c]) * (x[base + c] * s), y1 = float(w[c + 1u]) * (x[base + c + 1u] * s);
+    y16[(at + c) / 2u] = packHalf2x16(vec2(round_to_f16(y0), round_to_f16(y1)));
+    beyond = beyond || beyond_f16(y0) || beyond_f16(y1);
+  }
+#ifdef RANGE_FLAG
+  // Queue-family scope: Device scope needs vulkanMemoryModelDeviceScope where the memory model is on.
+  if (beyond) atomicOr(flags[pc.flag], 1u, gl_ScopeQueueFamily, gl_StorageSemanticsBuffer, gl_SemanticsRelaxed);
+#endif
+#else
   for (uint c = lane; c < end; c += LANES) y[base + c] = float(w[c]) * (x[base + c] * s);
+#endif
   if (lane == 0u && live) rstd[pc.first_r + row] = s;
 #else
   float dot = 0.0;  // sum_c dy * w * x

@@ -101,6 +101,12 @@ BlockActs allocate_block_acts(const ModelConfig& config, int64_t lora_width, uin
   return a;
 }
 
+void BlockSteps::norm(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& w, const gpu::Buffer& y,
+                      const gpu::Buffer& rstd, uint32_t tokens, uint32_t cols, float eps, bool mlp) {
+  (void)mlp;
+  ops::rmsnorm_forward(ctx, x, w, ops::DType::f32, y, rstd, tokens, cols, eps);
+}
+
 void BlockSteps::position(gpu::Context& ctx, const BaseWeights& base, size_t layer, uint32_t tokens,
                           const gpu::Buffer& positions, const BlockActs& a) {
   const ModelConfig& c = base.config;
@@ -131,7 +137,7 @@ void block_forward(gpu::Context& ctx, const BaseWeights& base, size_t layer, uin
   using K = LinearKind;
   using ops::DType;
 
-  ops::rmsnorm_forward(ctx, x_in, L.input_norm, DType::f32, a.h1, a.rstd1, T, H, eps);
+  steps.norm(ctx, x_in, L.input_norm, a.h1, a.rstd1, T, H, eps, false);
   steps.linear(K::Q, a.h1, c.qk_norm ? a.q_raw : a.q, false);
   steps.linear(K::K, a.h1, c.qk_norm ? a.k_raw : a.k, false);
   steps.linear(K::V, a.h1, a.v, false);
@@ -140,7 +146,7 @@ void block_forward(gpu::Context& ctx, const BaseWeights& base, size_t layer, uin
   ctx.copy(x_in.slice(0, residual_bytes), a.x2.slice(0, residual_bytes));
   steps.linear(K::O, a.att, a.x2, true);  // x2 = x + o_proj(att)
 
-  ops::rmsnorm_forward(ctx, a.x2, L.post_norm, DType::f32, a.h2, a.rstd2, T, H, eps);
+  steps.norm(ctx, a.x2, L.post_norm, a.h2, a.rstd2, T, H, eps, true);
   steps.linear(K::Gate, a.h2, a.g, false);
   steps.linear(K::Up, a.h2, a.u, false);
   steps.activation(ctx, a, T, I);

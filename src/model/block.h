@@ -75,6 +75,11 @@ class BlockSteps {
   // a.att (and a.lse where kept) from a.q, a.k, a.v after RoPE: the attention implementation
   // (tiled, matrix-core, fused, or against a KV cache).
   virtual void attention(const BlockActs& a) = 0;
+  // y = rmsnorm(x) w [tokens, cols] and its rstd: the norm before attention (h1) or before the MLP
+  // (mlp: h2). An engine may keep y in another form (the training engine: the fp16 copy its
+  // projections read, in y's own buffer).
+  virtual void norm(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& w, const gpu::Buffer& y,
+                    const gpu::Buffer& rstd, uint32_t tokens, uint32_t cols, float eps, bool mlp);
   // a.q and a.k for attention: Qwen3's q/k norm (from a.q_raw, a.k_raw) where the model has one,
   // then RoPE at `positions`. An engine may keep them in another form (the training engine: the
   // fp16 copies its fused attention reads, model::attention_keeps_fp16_qk).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -314,7 +315,7 @@ uint32_t Transformer::lora_group(size_t layer, std::initializer_list<LinearKind>
 }
 
 bool Transformer::lora_group_forward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x,
-                                     const gpu::Buffer& lora_t) {
+                                     const gpu::Buffer& lora_t, bool x_f16) {
   const LoraSlot& s = *lora_.find(static_cast<int64_t>(layer), first);
   const uint32_t T = tokens_, rows = n * s.rank;
   // [t_1 .. t_n] = x [A_1; ..; A_n]^T: one pass over x for n adapters. Folded projections
@@ -322,20 +323,21 @@ bool Transformer::lora_group_forward(size_t layer, LinearKind first, uint32_t n,
   // reuses (same x, same row length).
   const bool folded = lora_folds(base_.layers[layer].linears[static_cast<int>(first)], &s);
   const MatrixView a = lora_weight(s.a_offset, s.in);
-  const MatrixView in =
-      folded ? base_input(x, s.in, false, lora_pad_, range_site(layer, first)) : MatrixView{x, DType::f32, 0, s.in};
+  const MatrixView in = x_f16    ? MatrixView{x, DType::f16, 0, s.in + lora_pad_}
+                        : folded ? base_input(x, s.in, false, lora_pad_, range_site(layer, first))
+                                 : MatrixView{x, DType::f32, 0, s.in};
   ops::gemm(ctx_, lora_product({T, rows, s.in, false, true}, "lora_xa"), in, a, lora_view(lora_t, first),
             lora_kernel(a));
   return folded;
 }
 
 void Transformer::lora_group_backward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x,
-                                      const gpu::Buffer& dx) {
+                                      const gpu::Buffer& dx, bool x_f16) {
   const LoraSlot& s = *lora_.find(static_cast<int64_t>(layer), first);
   const uint32_t T = tokens_, rows = n * s.rank;
   const MatrixView dt = lora_view(grad_->dt, first);
   // [dA_1; ..; dA_n] += [dt_1 .. dt_n]^T x;  dx += [dt_1 .. dt_n] [A_1; ..; A_n]
-  const MatrixView xb = lora_input_operand(x, s.in);
+  const MatrixView xb = x_f16 ? MatrixView{x, DType::f16, 0, s.in + lora_pad_} : lora_input_operand(x, s.in);
   if (lora_folds(base_.layers[layer].linears[static_cast<int>(first)], &s)) {
     // Folded projections (lora_group keeps a group all folded or none) took dt A into dy W and
     // left dt's fp16 copy in dt16_.
@@ -483,6 +485,18 @@ bool Transformer::down_f16(size_t layer) const {
   return lora_folds(down, lora_.find(static_cast<int64_t>(layer), LinearKind::Down)) && I % 2 == 0 && I >= lora_pad_;
 }
 
+bool Transformer::norm_f16(size_t layer, bool mlp) const {
+  if (dropout_on_) return false;
+  const uint64_t H = static_cast<uint64_t>(c_.hidden_size);
+  using K = LinearKind;
+  static constexpr K kAttention[] = {K::Q, K::K, K::V}, kMlp[] = {K::Gate, K::Up};
+  for (K k : mlp ? std::span<const K>(kMlp) : std::span<const K>(kAttention))
+    if (!lora_folds(base_.layers[layer].linears[static_cast<int>(k)], lora_.find(static_cast<int64_t>(layer), k)))
+      return false;
+  // h1's and h2's fp32 [T, H] buffers hold the fp16 [T, H + lora_pad_] copy when H >= lora_pad_.
+  return H % 2 == 0 && H >= lora_pad_;
+}
+
 bool Transformer::mlp_backward_f16(size_t layer) const {
   if (dropout_on_) return false;
   const uint64_t I = static_cast<uint64_t>(c_.intermediate_size), ld = I + lora_pad_;
@@ -550,10 +564,11 @@ class Transformer::ForwardSteps : public BlockSteps {
   void linear(LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y, bool accumulate) override {
     using K = LinearKind;
     bool t_ready = false, input16_ready = false;
+    const bool x_f16 = kind == K::Down ? e_.down_f16(layer_) : e_.norm_f16(layer_, kind == K::Gate || kind == K::Up);
     if (kind == K::Q || kind == K::Gate) {
       first_ = kind;
       group_ = kind == K::Q ? e_.lora_group(layer_, {K::Q, K::K, K::V}) : e_.lora_group(layer_, {K::Gate, K::Up});
-      group16_ = group_ && e_.lora_group_forward(layer_, kind, group_, x, a_.t);  // left x's fp16 copy
+      group16_ = group_ && e_.lora_group_forward(layer_, kind, group_, x, a_.t, x_f16);  // left x's fp16 copy
       t_ready = group_ > 0;
       input16_ready = group16_;
     } else if (kind == K::K || kind == K::V || kind == K::Up) {
@@ -561,8 +576,16 @@ class Transformer::ForwardSteps : public BlockSteps {
       t_ready = group_ > index;
       input16_ready = true;  // the group's first base product made the copy
     }
-    e_.linear_forward(layer_, kind, x, y, a_.t, accumulate, t_ready, input16_ready,
-                      kind == K::Down && e_.down_f16(layer_));
+    e_.linear_forward(layer_, kind, x, y, a_.t, accumulate, t_ready, input16_ready, x_f16 && kind != K::O);
+  }
+
+  void norm(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& w, const gpu::Buffer& y, const gpu::Buffer& rstd,
+            uint32_t tokens, uint32_t cols, float eps, bool mlp) override {
+    if (!e_.norm_f16(layer_, mlp)) return BlockSteps::norm(ctx, x, w, y, rstd, tokens, cols, eps, mlp);
+    const ops::Fp16RangeFlag flag{e_.range_flags_,
+                                  static_cast<uint32_t>(e_.range_site(layer_, mlp ? LinearKind::Gate : LinearKind::Q))};
+    ops::rmsnorm_forward_f16(ctx, x, w, y, rstd, tokens, cols, cols + e_.lora_pad_, eps,
+                             e_.range_flags_.valid() ? &flag : nullptr);
   }
 
   void position(gpu::Context& ctx, const BaseWeights& base, size_t layer, uint32_t tokens,
@@ -647,9 +670,10 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
   else
     ops::swiglu_backward(ctx_, a.g, a.u, g.dact, g.dg, g.du, uint64_t(T) * I);
   const uint32_t mlp = lora_group(i, {K::Gate, K::Up});
-  linear_backward(i, K::Gate, a.h2, a.t, g.dg, g.dh, false, mlp > 0, mlp16);
-  linear_backward(i, K::Up, a.h2, a.t, g.du, g.dh, true, mlp > 1, mlp16);
-  if (mlp) lora_group_backward(i, K::Gate, mlp, a.h2, g.dh);
+  const bool h2_f16 = norm_f16(i, true), h1_f16 = norm_f16(i, false);
+  linear_backward(i, K::Gate, a.h2, a.t, g.dg, g.dh, false, mlp > 0, mlp16, h2_f16);
+  linear_backward(i, K::Up, a.h2, a.t, g.du, g.dh, true, mlp > 1, mlp16, h2_f16);
+  if (mlp) lora_group_backward(i, K::Gate, mlp, a.h2, g.dh, h2_f16);
   ops::rmsnorm_backward(ctx_, g.dh, a.x2, L.post_norm, DType::f32, a.rstd2, dx, T, H, true);  // dx: grad of x2
 
   // Attention: x2 = x + o_proj(att)
@@ -679,10 +703,10 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
     dk = g.dk_raw;
   }
   const uint32_t qkv = lora_group(i, {K::Q, K::K, K::V});
-  linear_backward(i, K::Q, a.h1, a.t, dq, g.dh, false, qkv > 0);
-  linear_backward(i, K::K, a.h1, a.t, dk, g.dh, true, qkv > 1);
-  linear_backward(i, K::V, a.h1, a.t, g.dv, g.dh, true, qkv > 2);
-  if (qkv) lora_group_backward(i, K::Q, qkv, a.h1, g.dh);
+  linear_backward(i, K::Q, a.h1, a.t, dq, g.dh, false, qkv > 0, false, h1_f16);
+  linear_backward(i, K::K, a.h1, a.t, dk, g.dh, true, qkv > 1, false, h1_f16);
+  linear_backward(i, K::V, a.h1, a.t, g.dv, g.dh, true, qkv > 2, false, h1_f16);
+  if (qkv) lora_group_backward(i, K::Q, qkv, a.h1, g.dh, h1_f16);
   ops::rmsnorm_backward(ctx_, g.dh, x_in, L.input_norm, DType::f32, a.rstd1, dx, T, H, true);  // dx: grad of x
 }
 

@@ -170,6 +170,9 @@ class Transformer {
   // reads (forward, recomputation and backward alike), into act's fp32 buffer, which has room for
   // it: down folds its LoRA products, no dropout. Saves writing act in fp32 and copying it.
   bool down_f16(size_t layer) const;
+  // Likewise for the norms' outputs h1 (mlp false: the q, k, v projections' input) and h2 (mlp:
+  // gate's and up's): every projection reading it folds its LoRA products, no dropout.
+  bool norm_f16(size_t layer, bool mlp) const;
   // The block of `kind` in a [T, targets * r] LoRA buffer (LayerActs::t, GradScratch::dt), from row0.
   ops::MatrixView lora_view(const gpu::Buffer& b, LinearKind kind, uint64_t row0 = 0) const;
   // LoRA factors as the B operand of a product: the fp16 copy (lora16_) or the fp32 parameters,
@@ -187,8 +190,11 @@ class Transformer {
   // The n adapters from `first`: their t = x A^T in one product (forward); their dA += dt^T x
   // and dx += dt A in one product each (backward, after linear_backward wrote their dt).
   // Returns whether it left x's fp16 copy (with room for the folded factor) in input16_.
-  bool lora_group_forward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x, const gpu::Buffer& lora_t);
-  void lora_group_backward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x, const gpu::Buffer& dx);
+  // x_f16: x is the fp16 copy with room for the LoRA factor (norm_f16).
+  bool lora_group_forward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x, const gpu::Buffer& lora_t,
+                          bool x_f16 = false);
+  void lora_group_backward(size_t layer, LinearKind first, uint32_t n, const gpu::Buffer& x, const gpu::Buffer& dx,
+                           bool x_f16 = false);
   // lora_t's block = x A^T, or dropout(x) A^T while dropout acts.
   void lora_input_forward(size_t layer, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& lora_t);
   // dA += grad_a_scale * dt^T dropout(x), dx += dropout'(dt A): linear_backward's LoRA input

@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kernels/kernel_table.h"
 #include "ops/chunking.h"
@@ -18,8 +19,10 @@ struct RmsnormPush {
   uint32_t first_x, first_r;  // element offsets of the chunk's first row inside the bindings
   float eps;
   uint32_t accumulate;
+  uint32_t first_y, ld_y, flag;  // the fp16 output (forward_f16)
 };
 static_assert(kernels::push_block_matches<RmsnormPush>(kernels::rmsnorm_fwd_f32, kernels::rmsnorm_fwd_f16,
+                                                       kernels::rmsnorm_fwd_out16, kernels::rmsnorm_fwd_out16_checked,
                                                        kernels::rmsnorm_bwd_f32, kernels::rmsnorm_bwd_f16),
               "RmsnormPush differs from kernels/rmsnorm.comp's push-constant block");
 
@@ -84,7 +87,7 @@ void rmsnorm_forward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer&
     const Window xw = window(ctx, x, begin, len, 4), yw = window(ctx, y, begin, len, 4);
     const Window rw = window(ctx, rstd, uint64_t(r0) * 4, uint64_t(n) * 4, 4);
     // x and y have aligned starts, so their chunks start at the same element offset.
-    const RmsnormPush push{n, cols, xw.first, rw.first, eps, 0};
+    const RmsnormPush push{n, cols, xw.first, rw.first, eps, 0, 0, 0, 0};
     const auto [gx, gy] = grid(n, rs.wg / rs.lanes);
     ctx.dispatch(p,
                  {{xw.view, gpu::Access::read},
@@ -92,6 +95,41 @@ void rmsnorm_forward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer&
                   {yw.view, gpu::Access::write},
                   {rw.view, gpu::Access::write}},
                  push, gx, gy, 1, op, 4.0 * double(n) * cols);
+  }
+}
+
+void rmsnorm_forward_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& w, const gpu::Buffer& y16,
+                         const gpu::Buffer& rstd, uint32_t rows, uint32_t cols, uint32_t ld, float eps,
+                         const Fp16RangeFlag* flag) {
+  constexpr const char* op = "rmsnorm_forward_f16";
+  if (rows == 0) return;
+  if (cols == 0 || cols % 2 || ld % 2 || cols > ld)
+    throw std::logic_error("rmsnorm_forward_f16: cols and ld must be even and positive, cols <= ld");
+  check_buffer(ctx, op, "x", x, uint64_t(rows) * cols * 4);
+  check_buffer(ctx, op, "y16", y16, (uint64_t(rows - 1) * ld + cols) * 2);
+  check_buffer(ctx, op, "rstd", rstd, uint64_t(rows) * 4);
+  check_weights(ctx, op, w, DType::f32, cols);
+  if (flag && flag->flags.size < (uint64_t(flag->index) + 1) * 4)
+    throw std::logic_error("rmsnorm_forward_f16: flag outside its buffer");
+  const RowShape rs = row_shape(ctx, cols);
+  const auto& p = ctx.pipelines().get(flag ? kernels::rmsnorm_fwd_out16_checked : kernels::rmsnorm_fwd_out16,
+                                      {rs.wg, rs.lanes});
+  // Rows per dispatch: x's and y16's windows within the binding limit.
+  const uint32_t chunk = std::min(rows_per_chunk(ctx, op, cols), rows_per_chunk(ctx, op, ld / 2));
+  const gpu::Buffer wv = w.slice(0, std::min<uint64_t>(w.size, (uint64_t(cols) * 4 + 15) / 16 * 16));
+  for (uint32_t r0 = 0; r0 < rows; r0 += std::min(chunk, rows - r0)) {
+    const uint32_t n = std::min(chunk, rows - r0);
+    const Window xw = window(ctx, x, uint64_t(r0) * cols * 4, uint64_t(n) * cols * 4);
+    const Window yw = window(ctx, y16, uint64_t(r0) * ld * 2, (uint64_t(n - 1) * ld + cols) * 2, 2);
+    const Window rw = window(ctx, rstd, uint64_t(r0) * 4, uint64_t(n) * 4, 4);
+    const RmsnormPush push{n, cols, xw.first, rw.first, eps, 0, yw.first, ld, flag ? flag->index : 0u};
+    const auto [gx, gy] = grid(n, rs.wg / rs.lanes);
+    std::vector<gpu::Binding> bindings = {{xw.view, gpu::Access::read},
+                                          {wv, gpu::Access::read},
+                                          {yw.view, gpu::Access::write},
+                                          {rw.view, gpu::Access::write}};
+    if (flag) bindings.push_back({flag->flags, gpu::Access::read_write});
+    ctx.dispatch(p, bindings, push, gx, gy, 1, "rmsnorm_forward", 4.0 * double(n) * cols);
   }
 }
 
@@ -119,7 +157,7 @@ void rmsnorm_backward(gpu::Context& ctx, const gpu::Buffer& dy, const gpu::Buffe
     const Window dyw = window(ctx, dy, begin, len, 4), xw = window(ctx, x, begin, len, 4),
                  dxw = window(ctx, dx, begin, len, 4);
     const Window rw = window(ctx, rstd, uint64_t(r0) * 4, uint64_t(n) * 4, 4);
-    const RmsnormPush push{n, cols, xw.first, rw.first, 0.0f, accumulate ? 1u : 0u};
+    const RmsnormPush push{n, cols, xw.first, rw.first, 0.0f, accumulate ? 1u : 0u, 0, 0, 0};
     const auto [gx, gy] = grid(n, rs.wg / rs.lanes);
     ctx.dispatch(p,
                  {{dyw.view, gpu::Access::read},

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "gpu/context.h"
+#include "ops/elementwise.h"
 #include "ops/gemm.h"
 
 namespace forja::ops {
@@ -18,6 +19,15 @@ namespace forja::ops {
 // backward. y may alias x.
 void rmsnorm_forward(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& w, DType w_dtype, const gpu::Buffer& y,
                      const gpu::Buffer& rstd, uint32_t rows, uint32_t cols, float eps);
+
+// The same with y rounded to fp16 (round to nearest even, as to_f16_block) into columns [0, cols)
+// of an fp16 [rows, ld] block y16 (the rest of each row left as it is), w fp32: for mixed
+// precision's projections that read their input only as fp16, with the LoRA factor folded in
+// beside it (model/transformer.cpp). cols and ld even, cols <= ld; y16 must not overlap x.
+// flag: the forward range check, as to_f16.
+void rmsnorm_forward_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& w, const gpu::Buffer& y16,
+                         const gpu::Buffer& rstd, uint32_t rows, uint32_t cols, uint32_t ld, float eps,
+                         const Fp16RangeFlag* flag = nullptr);
 
 // dx = d(sum dy * y)/dx given dy [rows, cols] and the forward's x and rstd (the weights are
 // frozen: no dw):  dx = rstd * w * dy - x * rstd^3 / cols * sum_c(dy * w * x).

@@ -57,6 +57,57 @@ TEST_F(NormTest, ForwardMatchesReference) {
   }
 }
 
+// The fp16-output forward into a strided block: each value within an fp16 ulp of the reference,
+// rstd as the fp32 forward's, the columns past cols and everything after untouched, the range
+// flag raised only by a y beyond fp16's range.
+TEST_F(NormTest, ForwardF16IntoStridedBlock) {
+  struct Case {
+    uint32_t rows, cols, ld;
+  };
+  for (const Case& c : {Case{1, 2, 2}, Case{7, 130, 194}, Case{300, 2560, 2624}, Case{5, 128, 128}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " ld " + std::to_string(c.ld));
+    const size_t n = size_t(c.rows) * c.cols, out_n = size_t(c.rows) * c.ld + 8;
+    auto x = random(n), w = random(c.cols, 0.5f, 1.5f);
+    auto gx = upload(x), gw = upload(w), gr = output(c.rows);
+    const uint16_t sentinel = 0x7e00;
+    gpu::Buffer gy = ctx().alloc(out_n * 2), flags = ctx().alloc(8);
+    bufs_.push_back(gy);
+    bufs_.push_back(flags);
+    ctx().upload(gy, std::vector<uint16_t>(out_n, sentinel));
+    ctx().upload(flags, std::vector<uint32_t>{0, 0});
+    const ops::Fp16RangeFlag flag{flags, 1};
+    ops::rmsnorm_forward_f16(ctx(), gx, gw, gy, gr, c.rows, c.cols, c.ld, kEps, &flag);
+    std::vector<double> y(n), rstd(c.rows);
+    auto xd = to_double(x), wd = to_double(w);
+    ref::rmsnorm_forward(y.data(), rstd.data(), xd.data(), wd.data(), c.rows, c.cols, kEps);
+    expect_close(result(gr, c.rows), rstd, 1e-5);
+    EXPECT_EQ(ctx().download<uint32_t>(flags, 2), (std::vector<uint32_t>{0, 0}));
+    const auto got = ctx().download<uint16_t>(gy, out_n);
+    size_t bad = 0;
+    for (size_t e = 0; e < out_n; ++e) {
+      const size_t r = e / c.ld, col = e % c.ld;
+      if (r >= c.rows || col >= c.cols) {
+        if (got[e] != sentinel && bad++ < 5) ADD_FAILURE() << "half " << e << " was written";
+        continue;
+      }
+      const double want = y[r * c.cols + col], tol = std::abs(want) / 1024.0 + 1e-6;  // an fp16 ulp
+      if (std::abs(io::f16_to_float(got[e]) - want) > tol && bad++ < 5)
+        ADD_FAILURE() << "(" << r << ", " << col << "): " << io::f16_to_float(got[e]) << ", want " << want;
+    }
+    EXPECT_EQ(bad, 0u);
+  }
+  // A weight of 1e5 puts y beyond 65504: the flag goes up.
+  auto gx = upload(random(64)), gw = upload(std::vector<float>(32, 1e5f)), gr = output(2);
+  gpu::Buffer gy = ctx().alloc(128), flags = ctx().alloc(4);
+  bufs_.push_back(gy);
+  bufs_.push_back(flags);
+  ctx().upload(flags, std::vector<uint32_t>{0});
+  const ops::Fp16RangeFlag flag{flags, 0};
+  ops::rmsnorm_forward_f16(ctx(), gx, gw, gy, gr, 2, 32, 32, kEps, &flag);
+  EXPECT_NE(ctx().download<uint32_t>(flags, 1)[0], 0u);
+  EXPECT_THROW(ops::rmsnorm_forward_f16(ctx(), gx, gw, gy, gr, 2, 31, 32, kEps), std::logic_error);  // odd cols
+}
+
 TEST_F(NormTest, ForwardInPlace) {
   const uint32_t rows = 37, cols = 129;
   auto x = random(size_t(rows) * cols), w = random(cols, 0.5f, 1.5f);

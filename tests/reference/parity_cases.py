@@ -36,7 +36,7 @@ CASES = {
     ),
     "qwen3-gqa-bf16": (
         ["--family", "qwen3", "--seed", "2", "--dtype", "BF16", "--heads", "4", "--kv-heads", "2", "--head-dim", "8",
-         "--hidden", "40", "--intermediate", "72", "--vocab", "131", "--layers", "3"],
+         "--hidden", "64", "--intermediate", "72", "--vocab", "131", "--layers", "3"],
         dict(micro_batches=3, batch_size=1, seq_len=13, seed=2),
         ["--schedule", "linear", "--warmup", "1", "--grad-accum", "2", "--weight-decay", "0.01"],
     ),
