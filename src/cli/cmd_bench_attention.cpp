@@ -119,7 +119,7 @@ int run(const AttnBenchOptions& o) {
       }
     }
     if (v.size() != 4)
-      throw UserError("--fused-backward-tiles: give four numbers DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (e.g. 8,32,4,32)");
+      throw UserError("--fused-backward-tiles: give four numbers DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (e.g. 4,64,4,32)");
     fused_backward.fused_backward_tiles = {v[0], v[1], v[2], v[3]};
   }
   unfused.fused_forward = false;

@@ -260,7 +260,7 @@ void row_dot(gpu::Context& ctx, const Dims& m, uint32_t nb, const Bound& out, co
                "attention_row_dot", 2.0 * rows * m.d);
 }
 
-// The backward as three kernels per group of sequences, on fp16 copies of q, k, v and dout that
+// The backward as two kernels per group of sequences, on fp16 copies of q, k, v and dout that
 // keep their [tokens, heads, d] layout, after D = rowsum(dout * out) (attention_row_dot.comp).
 void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const gpu::Buffer& k,
                     const gpu::Buffer& v, const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,

@@ -40,18 +40,18 @@ struct AttentionGemmOptions {
   // attention_fused_forward_supported says so; the backward is the same either way (it needs
   // only out and lse).
   bool fused_forward = true;
-  // The backward as three fused kernels (kernels/flash_backward_khr.comp: dq per query tile, dk
-  // and dv per key tile summing a kv head's query heads; P recomputed from lse in registers)
+  // The backward as two fused kernels (kernels/flash_backward_khr.comp: dq per query tile; dk and
+  // dv together per key tile, summing a kv head's query heads; P recomputed from lse in registers)
   // where attention_fused_forward_supported says so (the same device features): on an H100 the
-  // backward 1.39 ms against 1.89 for the GEMM path's (S 2048, 32/8 heads x 128), training 1.6%
-  // (1x2048) to 7.3% (8x2048) faster and 0.45 GiB smaller (docs/benchmarks.md).
-  // FORJA_NO_FUSED_ATTENTION_BACKWARD=1 turns it off in training.
+  // backward 1.15 ms against 1.89 for the GEMM path's (S 2048, 32/8 heads x 128; separate dk and
+  // dv kernels took 1.39), docs/benchmarks.md. FORJA_NO_FUSED_ATTENTION_BACKWARD=1 turns it off
+  // in training.
   bool fused_backward = true;
   // Its workgroups: dq_warps subgroups of 16 query rows against tiles of dq_keys keys; kv_warps
   // subgroups of 16 keys against tiles of kv_queries queries (dk and dv). Subgroups 1, 2, 4 or
-  // 8; tiles 16, 32 or 64 (within the device's shared memory). The defaults are the fastest of
-  // seven measured on an H100 (`forja bench attention --fused-backward-tiles`, bwd 1.39 ms;
-  // 8,32,4,32: 1.59; 8,32,2,32: 1.94).
+  // 8; tiles 16, 32 or 64 (within the device's shared memory: the dk/dv kernel keeps its own v
+  // rows beside two tiles). The defaults are the fastest measured on an H100 (`forja bench
+  // attention --fused-backward-tiles`, bwd 1.15 ms; dk/dv 2,32: 1.27; 4,16: 1.50; 2,64: 1.48).
   struct FusedBackwardTiles {
     uint32_t dq_warps = 4, dq_keys = 64, kv_warps = 4, kv_queries = 32;
   } fused_backward_tiles;
