@@ -224,22 +224,9 @@ TEST_F(ElementwiseTest, SwigluF16IntoStridedBlocks) {
     ref::swiglu_backward(dg.data(), du.data(), dhd.data(), gd.data(), ud.data(), n);
     const std::tuple<gpu::Buffer*, std::vector<double>*, const char*> checks[] = {
         {&outs[0], &h, "h"}, {&outs[1], &dg, "dg"}, {&outs[2], &du, "du"}};
-    for (const auto& [buffer, want, name] : checks) {
-      const auto got = ctx().download<uint16_t>(*buffer, out_n);
-      size_t bad = 0;
-      for (size_t e = 0; e < out_n; ++e) {
-        const size_t r = e / c.ld, col = e % c.ld;
-        if (r >= c.rows || col >= c.cols) {
-          if (got[e] != sentinel && bad++ < 5) ADD_FAILURE() << name << " half " << e << " was written";
-          continue;
-        }
-        const double w = (*want)[r * c.cols + col];
-        const double tol = std::max(std::abs(w) / 1024.0, 1.0 / (1 << 24));  // an fp16 ulp
-        if (std::abs(io::f16_to_float(got[e]) - w) > tol && bad++ < 5)
-          ADD_FAILURE() << name << " (" << r << ", " << col << "): " << io::f16_to_float(got[e]) << ", want " << w;
-      }
-      EXPECT_EQ(bad, 0u) << name;
-    }
+    for (const auto& [buffer, want, name] : checks)
+      expect_f16_block(ctx().download<uint16_t>(*buffer, out_n), c.rows, c.cols, c.ld, *want, sentinel, 1.0 / (1 << 24),
+                       name);
     for (const gpu::Buffer& b : outs) ctx().free(b);
     ctx().free(flags);
   }

@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "io/float16.h"
 #include "support/gpu_fixture.h"
 
 namespace forja::test {
@@ -59,6 +61,27 @@ class GpuBufferTest : public GpuTest {
       if (!(std::abs(got[i] - want[i]) <= rtol * (1.0 + std::abs(want[i]))) && bad++ < 5)
         ADD_FAILURE() << "element " << i << ": " << got[i] << " vs " << want[i];
     EXPECT_EQ(bad, 0u);
+  }
+  // An fp16 output written into the first `cols` of each row of a [rows, ld] block that held
+  // `sentinel` everywhere (got: the whole buffer read back): element (r, c) within an fp16 ulp of
+  // want[r * cols + c] plus abs_tol, every other half still the sentinel; reports the first five
+  // misses.
+  static void expect_f16_block(const std::vector<uint16_t>& got, size_t rows, size_t cols, size_t ld,
+                               const std::vector<double>& want, uint16_t sentinel, double abs_tol,
+                               const std::string& name = "") {
+    ASSERT_EQ(want.size(), rows * cols);
+    size_t bad = 0;
+    for (size_t e = 0; e < got.size(); ++e) {
+      const size_t r = e / ld, c = e % ld;
+      if (r >= rows || c >= cols) {
+        if (got[e] != sentinel && bad++ < 5) ADD_FAILURE() << name << " half " << e << " outside the block was written";
+        continue;
+      }
+      const double w = want[r * cols + c], v = io::f16_to_float(got[e]);
+      if (!(std::abs(v - w) <= std::abs(w) / 1024.0 + abs_tol) && bad++ < 5)
+        ADD_FAILURE() << name << " (" << r << ", " << c << "): " << v << ", want " << w;
+    }
+    EXPECT_EQ(bad, 0u) << name;
   }
   void TearDown() override {
     for (auto& b : bufs_) ctx().free(b);

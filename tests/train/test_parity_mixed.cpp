@@ -150,11 +150,13 @@ TEST_F(ParityMixed, TransformerRefusesBaseWeightsOfAnotherPrecision) {
   model::free_base_weights(ctx(), base);
 }
 
-// The qwen3-tied case's model written as F32 to `out`, with `change` applied to each tensor.
+// A parity case's model (qwen3-tied unless named) written as F32 to `out`, with `change` applied to
+// each tensor.
 void write_changed_model(const std::filesystem::path& out,
-                         const std::function<void(const std::string&, std::vector<float>&)>& change) {
+                         const std::function<void(const std::string&, std::vector<float>&)>& change,
+                         const std::string& parity_case = "qwen3-tied") {
   namespace fs = std::filesystem;
-  const fs::path src = parity_cases_dir() / "qwen3-tied" / "model";
+  const fs::path src = parity_cases_dir() / parity_case / "model";
   const io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(src);
   const std::vector<std::string> names = ck.names();
   std::vector<std::vector<float>> storage;
@@ -197,54 +199,68 @@ TEST_F(ParityMixed, Fp16BaseWeightsRefuseValuesBeyondFp16Range) {
   model::free_base_weights(ctx(), base);
 }
 
+// One mixed-precision training step of the model in `dir` with `quant` base weights: the forward
+// range check's report (Transformer::fp16_range_report), after checking that a reset clears it.
+std::string range_report(gpu::Context& ctx, const std::filesystem::path& dir, const model::ModelConfig& config,
+                         model::BaseQuant quant, const model::TokenBatch& batch) {
+  const io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(dir);
+  model::BaseWeightOptions bo;
+  bo.quant = quant;
+  bo.dense_dtype = ops::DType::f16;
+  model::BaseWeights base = model::load_base_weights(ctx, ck, config, bo);
+  std::string report;
+  {
+    model::LoraSet lora(ctx, config, model::LoraSettings{});
+    lora.init_peft(1);
+    model::TransformerOptions options;
+    options.precision = model::Precision::mixed;
+    model::Transformer tf(ctx, base, lora, batch.batch, batch.seq, false, options);
+    gpu::Buffer loss = ctx.alloc(16, "loss");
+    ctx.fill(loss, 0);
+    tf.reset_fp16_range_check();
+    tf.run(batch, 1.0f, loss, true);
+    report = tf.fp16_range_report();
+    ctx.free(loss);
+    tf.reset_fp16_range_check();
+    EXPECT_EQ(tf.fp16_range_report(), "");  // reset clears what the run raised
+  }
+  model::free_base_weights(ctx, base);
+  return report;
+}
+
 // The forward range check (Transformer::fp16_range_report): an fp32 norm weight of 1e5 in the
 // last layer's post-attention norm puts its MLP input beyond fp16's range; the report names that
 // layer and input, with dense fp16 weights (to_f16) and with NF4 ones, whose products fold LoRA
-// in (to_f16_block). The unchanged model reports nothing.
+// in: to_f16_block makes their fp16 input in qwen3-tied (hidden 48), the norm itself in the GQA
+// case (hidden 64: rmsnorm_forward_f16, Transformer::norm_f16). The unchanged models report nothing.
 TEST_F(ParityMixed, ForwardRangeCheckNamesTheLayerAndInput) {
   namespace fs = std::filesystem;
-  const fs::path plain = parity_cases_dir() / "qwen3-tied" / "model";
-  const fs::path big = fs::path(FORJA_BINARY_DIR) / "mixed_fp16_range_norm_model";
-  const model::ModelConfig config = model::load_model_config(plain);
-  const int64_t last = config.num_layers - 1;
-  const std::string norm = "model.layers." + std::to_string(last) + ".post_attention_layernorm.weight";
-  write_changed_model(big, [&](const std::string& name, std::vector<float>& v) {
-    if (name == norm)
-      for (float& x : v) x *= 1e5f;
-  });
-  const model::TokenBatch batch = model::random_token_batch(2, 9, config.vocab_size, 4);
-  for (model::BaseQuant quant : {model::BaseQuant::none, model::BaseQuant::nf4})
-    for (const fs::path& dir : {plain, big}) {
-      SCOPED_TRACE((quant == model::BaseQuant::nf4 ? "nf4 " : "dense ") + dir.string());
-      const io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(dir);
-      model::BaseWeightOptions bo;
-      bo.quant = quant;
-      bo.dense_dtype = ops::DType::f16;
-      model::BaseWeights base = model::load_base_weights(ctx(), ck, config, bo);
-      {
-        model::LoraSet lora(ctx(), config, model::LoraSettings{});
-        lora.init_peft(1);
-        model::TransformerOptions options;
-        options.precision = model::Precision::mixed;
-        model::Transformer tf(ctx(), base, lora, batch.batch, batch.seq, false, options);
-        gpu::Buffer loss = ctx().alloc(16, "loss");
-        ctx().fill(loss, 0);
-        tf.reset_fp16_range_check();
-        tf.run(batch, 1.0f, loss, true);
-        const std::string report = tf.fp16_range_report();
-        ctx().free(loss);
+  for (const std::string parity_case : {"qwen3-tied", "qwen3-gqa-bf16"}) {
+    const fs::path plain = parity_cases_dir() / parity_case / "model";
+    const fs::path big = fs::path(FORJA_BINARY_DIR) / ("mixed_fp16_range_norm_model_" + parity_case);
+    const model::ModelConfig config = model::load_model_config(plain);
+    const int64_t last = config.num_layers - 1;
+    const std::string norm = "model.layers." + std::to_string(last) + ".post_attention_layernorm.weight";
+    write_changed_model(
+        big,
+        [&](const std::string& name, std::vector<float>& v) {
+          if (name == norm)
+            for (float& x : v) x *= 1e5f;
+        },
+        parity_case);
+    const model::TokenBatch batch = model::random_token_batch(2, 9, config.vocab_size, 4);
+    for (model::BaseQuant quant : {model::BaseQuant::none, model::BaseQuant::nf4})
+      for (const fs::path& dir : {plain, big}) {
+        SCOPED_TRACE((quant == model::BaseQuant::nf4 ? "nf4 " : "dense ") + dir.string());
+        const std::string report = range_report(ctx(), dir, config, quant, batch);
         if (dir == plain) {
           EXPECT_EQ(report, "");
         } else {
-          const std::string want = "layer " + std::to_string(last) + "'s MLP input";
-          EXPECT_NE(report.find(want), std::string::npos) << report;
+          EXPECT_NE(report.find("layer " + std::to_string(last) + "'s MLP input"), std::string::npos) << report;
           EXPECT_NE(report.find("65504"), std::string::npos) << report;
         }
-        tf.reset_fp16_range_check();
-        EXPECT_EQ(tf.fp16_range_report(), "");  // reset clears what the run raised
       }
-      model::free_base_weights(ctx(), base);
-    }
+  }
 }
 
 // The same for down_proj's input, which NF4 models' SwiGLU writes as fp16 directly
@@ -261,27 +277,9 @@ TEST_F(ParityMixed, ForwardRangeCheckNamesTheMlpActivation) {
       for (float& x : v) x *= 1e5f;
   });
   const model::TokenBatch batch = model::random_token_batch(2, 9, config.vocab_size, 4);
-  const io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(big);
-  model::BaseWeightOptions bo;
-  bo.quant = model::BaseQuant::nf4;
-  bo.dense_dtype = ops::DType::f16;
-  model::BaseWeights base = model::load_base_weights(ctx(), ck, config, bo);
-  {
-    model::LoraSet lora(ctx(), config, model::LoraSettings{});
-    lora.init_peft(1);
-    model::TransformerOptions options;
-    options.precision = model::Precision::mixed;
-    model::Transformer tf(ctx(), base, lora, batch.batch, batch.seq, false, options);
-    gpu::Buffer loss = ctx().alloc(16, "loss");
-    ctx().fill(loss, 0);
-    tf.reset_fp16_range_check();
-    tf.run(batch, 1.0f, loss, true);
-    const std::string report = tf.fp16_range_report();
-    ctx().free(loss);
-    EXPECT_NE(report.find("layer " + std::to_string(config.num_layers - 1) + "'s MLP activation"), std::string::npos)
-        << report;
-  }
-  model::free_base_weights(ctx(), base);
+  const std::string report = range_report(ctx(), big, config, model::BaseQuant::nf4, batch);
+  EXPECT_NE(report.find("layer " + std::to_string(config.num_layers - 1) + "'s MLP activation"), std::string::npos)
+      << report;
 }
 
 }  // namespace
