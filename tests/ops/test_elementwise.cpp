@@ -198,12 +198,9 @@ TEST_F(ElementwiseTest, SwigluForwardBackward) {
 // land on the other side of a rounding boundary), the columns past cols and everything after
 // untouched; the forward's range flag raised only by an h beyond fp16's range.
 TEST_F(ElementwiseTest, SwigluF16IntoStridedBlocks) {
-  struct Case {
-    uint32_t rows, cols, ld;
-  };
-  for (const Case& c : {Case{1, 2, 2}, Case{7, 34, 40}, Case{300, 130, 194}, Case{3, 4098, 4162}}) {
-    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " ld " + std::to_string(c.ld));
-    const size_t n = size_t(c.rows) * c.cols, out_n = size_t(c.rows) * c.ld + 8;
+  for (const F16Block& c : {F16Block{1, 2, 2}, F16Block{7, 34, 40}, F16Block{300, 130, 194}, F16Block{3, 4098, 4162}}) {
+    SCOPED_TRACE(c.name());
+    const size_t n = c.elements(), out_n = c.halves();
     auto g = random(n), u = random(n), dh = random(n);
     auto gg = upload(g), gu = upload(u), gdh = upload(dh);
     const uint16_t sentinel = 0x7e00;
@@ -225,8 +222,7 @@ TEST_F(ElementwiseTest, SwigluF16IntoStridedBlocks) {
     const std::tuple<gpu::Buffer*, std::vector<double>*, const char*> checks[] = {
         {&outs[0], &h, "h"}, {&outs[1], &dg, "dg"}, {&outs[2], &du, "du"}};
     for (const auto& [buffer, want, name] : checks)
-      expect_f16_block(ctx().download<uint16_t>(*buffer, out_n), c.rows, c.cols, c.ld, *want, sentinel, 1.0 / (1 << 24),
-                       name);
+      expect_f16_block(ctx().download<uint16_t>(*buffer, out_n), c, *want, sentinel, 1.0 / (1 << 24), name);
     for (const gpu::Buffer& b : outs) ctx().free(b);
     ctx().free(flags);
   }

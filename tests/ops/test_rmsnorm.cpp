@@ -61,12 +61,9 @@ TEST_F(NormTest, ForwardMatchesReference) {
 // rstd as the fp32 forward's, the columns past cols and everything after untouched, the range
 // flag raised only by a y beyond fp16's range.
 TEST_F(NormTest, ForwardF16IntoStridedBlock) {
-  struct Case {
-    uint32_t rows, cols, ld;
-  };
-  for (const Case& c : {Case{1, 2, 2}, Case{7, 130, 194}, Case{300, 2560, 2624}, Case{5, 128, 128}}) {
-    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " ld " + std::to_string(c.ld));
-    const size_t n = size_t(c.rows) * c.cols, out_n = size_t(c.rows) * c.ld + 8;
+  for (const F16Block& c : {F16Block{1, 2, 2}, F16Block{7, 130, 194}, F16Block{300, 2560, 2624}, F16Block{5, 128, 128}}) {
+    SCOPED_TRACE(c.name());
+    const size_t n = c.elements(), out_n = c.halves();
     auto x = random(n), w = random(c.cols, 0.5f, 1.5f);
     auto gx = upload(x), gw = upload(w), gr = output(c.rows);
     const uint16_t sentinel = 0x7e00;
@@ -82,7 +79,7 @@ TEST_F(NormTest, ForwardF16IntoStridedBlock) {
     ref::rmsnorm_forward(y.data(), rstd.data(), xd.data(), wd.data(), c.rows, c.cols, kEps);
     expect_close(result(gr, c.rows), rstd, 1e-5);
     EXPECT_EQ(ctx().download<uint32_t>(flags, 2), (std::vector<uint32_t>{0, 0}));
-    expect_f16_block(ctx().download<uint16_t>(gy, out_n), c.rows, c.cols, c.ld, y, sentinel, 1e-6);
+    expect_f16_block(ctx().download<uint16_t>(gy, out_n), c, y, sentinel, 1e-6);
   }
   // A weight of 1e5 puts y beyond 65504: the flag goes up.
   auto gx = upload(random(64)), gw = upload(std::vector<float>(32, 1e5f)), gr = output(2);

@@ -143,7 +143,8 @@ TEST_F(RopeTest, QkNormRopeF16MatchesNormThenRope) {
     ref::rope_forward(y.data(), normed.data(), pos.data(), fd.data(), s.tokens, s.heads, s.head_dim);
     expect_close(result(grstd, rows), rstd, 1e-5);
     // one row of n values and 8 sentinels; 1e-5 for fp32's error on the rotation's cancelling terms
-    expect_f16_block(ctx().download<uint16_t>(gout, n + 8), 1, n, n + 8, y, sentinel, 1e-5);
+    const F16Block block{1, static_cast<uint32_t>(n), static_cast<uint32_t>(n)};
+    expect_f16_block(ctx().download<uint16_t>(gout, block.halves()), block, y, sentinel, 1e-5);
   }
   auto b = upload(std::vector<float>(64)), gp = upload(std::vector<int32_t>(2));
   EXPECT_THROW(ops::qk_norm_rope_f16(ctx(), b, b, b, b, gp, b, 2, 1, 6, eps), std::logic_error);  // head_dim % 4

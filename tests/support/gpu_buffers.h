@@ -20,6 +20,15 @@ inline constexpr uint32_t kPad = 16;  // sentinel elements after each output
 
 inline std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
+// The fp16-output kernels' tests: a block of rows x cols values written into the first cols of
+// each row of a [rows, ld] fp16 buffer, followed by 8 more halves (all sentinels beforehand).
+struct F16Block {
+  uint32_t rows, cols, ld;
+  std::string name() const { return std::to_string(rows) + "x" + std::to_string(cols) + " ld " + std::to_string(ld); }
+  size_t elements() const { return size_t(rows) * cols; }
+  size_t halves() const { return size_t(rows) * ld + 8; }
+};
+
 // A GpuTest whose buffers are freed at TearDown. `seed` seeds rng_; random(n) draws from
 // [lo, hi).
 class GpuBufferTest : public GpuTest {
@@ -66,9 +75,9 @@ class GpuBufferTest : public GpuTest {
   // `sentinel` everywhere (got: the whole buffer read back): element (r, c) within an fp16 ulp of
   // want[r * cols + c] plus abs_tol, every other half still the sentinel; reports the first five
   // misses.
-  static void expect_f16_block(const std::vector<uint16_t>& got, size_t rows, size_t cols, size_t ld,
-                               const std::vector<double>& want, uint16_t sentinel, double abs_tol,
-                               const std::string& name = "") {
+  static void expect_f16_block(const std::vector<uint16_t>& got, const F16Block& b, const std::vector<double>& want,
+                               uint16_t sentinel, double abs_tol, const std::string& name = "") {
+    const size_t rows = b.rows, cols = b.cols, ld = b.ld;
     ASSERT_EQ(want.size(), rows * cols);
     size_t bad = 0;
     for (size_t e = 0; e < got.size(); ++e) {
