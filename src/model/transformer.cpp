@@ -564,7 +564,11 @@ class Transformer::ForwardSteps : public BlockSteps {
   void linear(LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y, bool accumulate) override {
     using K = LinearKind;
     bool t_ready = false, input16_ready = false;
-    const bool x_f16 = kind == K::Down ? e_.down_f16(layer_) : e_.norm_f16(layer_, kind == K::Gate || kind == K::Up);
+    // x is already the fp16 copy: down's input (down_f16) or a norm's output (norm_f16); o_proj's
+    // input, the attention output, is fp32.
+    const bool x_f16 = kind == K::Down ? e_.down_f16(layer_)
+                       : kind == K::O  ? false
+                                       : e_.norm_f16(layer_, kind == K::Gate || kind == K::Up);
     if (kind == K::Q || kind == K::Gate) {
       first_ = kind;
       group_ = kind == K::Q ? e_.lora_group(layer_, {K::Q, K::K, K::V}) : e_.lora_group(layer_, {K::Gate, K::Up});
@@ -576,7 +580,7 @@ class Transformer::ForwardSteps : public BlockSteps {
       t_ready = group_ > index;
       input16_ready = true;  // the group's first base product made the copy
     }
-    e_.linear_forward(layer_, kind, x, y, a_.t, accumulate, t_ready, input16_ready, x_f16 && kind != K::O);
+    e_.linear_forward(layer_, kind, x, y, a_.t, accumulate, t_ready, input16_ready, x_f16);
   }
 
   void norm(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& w, const gpu::Buffer& y, const gpu::Buffer& rstd,
