@@ -323,7 +323,7 @@ bool Transformer::lora_group_forward(size_t layer, LinearKind first, uint32_t n,
   // reuses (same x, same row length).
   const bool folded = lora_folds(base_.layers[layer].linears[static_cast<int>(first)], &s);
   const MatrixView a = lora_weight(s.a_offset, s.in);
-  const MatrixView in = x_f16    ? MatrixView{x, DType::f16, 0, s.in + lora_pad_}
+  const MatrixView in = x_f16    ? f16_copy(x, s.in)
                         : folded ? base_input(x, s.in, false, lora_pad_, range_site(layer, first))
                                  : MatrixView{x, DType::f32, 0, s.in};
   ops::gemm(ctx_, lora_product({T, rows, s.in, false, true}, "lora_xa"), in, a, lora_view(lora_t, first),
@@ -337,7 +337,7 @@ void Transformer::lora_group_backward(size_t layer, LinearKind first, uint32_t n
   const uint32_t T = tokens_, rows = n * s.rank;
   const MatrixView dt = lora_view(grad_->dt, first);
   // [dA_1; ..; dA_n] += [dt_1 .. dt_n]^T x;  dx += [dt_1 .. dt_n] [A_1; ..; A_n]
-  const MatrixView xb = x_f16 ? MatrixView{x, DType::f16, 0, s.in + lora_pad_} : lora_input_operand(x, s.in);
+  const MatrixView xb = x_f16 ? f16_copy(x, s.in) : lora_input_operand(x, s.in);
   if (lora_folds(base_.layers[layer].linears[static_cast<int>(first)], &s)) {
     // Folded projections (lora_group keeps a group all folded or none) took dt A into dy W and
     // left dt's fp16 copy in dt16_.
@@ -364,7 +364,7 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
     // (t and scale B rounded to fp16, zero columns up to P), instead of a second pass over y.
     const uint32_t P = lora_pad_, K = lin.in + P, r = slot->rank;
     const MatrixView xin =
-        x_f16 ? MatrixView{x, DType::f16, 0, K} : base_input(x, lin.in, input16_ready, P, range_site(layer, kind));
+        x_f16 ? f16_copy(x, lin.in) : base_input(x, lin.in, input16_ready, P, range_site(layer, kind));
     // t = x A^T from x's fp16 copy (dropout: dropout(x) A^T), unless lora_group_forward made it
     if (!lora_t_ready && dropout_on_) lora_input_forward(layer, *slot, x, lora_t);
     if (!lora_t_ready && !dropout_on_)
@@ -448,7 +448,7 @@ void Transformer::linear_backward_folded(const BaseLinear& lin, const LoraSlot& 
   const uint32_t column = lora_column_[static_cast<int>(s.kind)];
   // Every LoRA product here reads fp16 copies only (no fp32 operand rounded while loaded):
   // dy16 [T, out + P] in input16_ (or dy itself, dy_f16), t16 (layer_backward), dt16 below, x16 for dA.
-  const MatrixView dy16 = dy_f16 ? MatrixView{dy, DType::f16, 0, K} : base_input(dy, lin.out, false, P);
+  const MatrixView dy16 = dy_f16 ? f16_copy(dy, lin.out) : base_input(dy, lin.out, false, P);
   // dB += scale * dy^T t          [out, r]   (lora_grad_scale_: see run)
   ops::gemm(ctx_, lora_product({lin.out, r, T, true, false, scale * lora_grad_scale_, 1.0f}, "lora_db"), dy16,
             MatrixView{t16_, DType::f16, column, lora_width_}, MatrixView{lora_.grad_b(s), DType::f32, 0, r},
@@ -471,40 +471,45 @@ void Transformer::linear_backward_folded(const BaseLinear& lin, const LoraSlot& 
             MatrixView{dx, DType::f32, 0, lin.in}, options_.base_kernel);
   if (grouped) return;  // dA for the group: lora_group_backward
   // dA += dt^T x                  [r, in]
-  const MatrixView x16 = x_f16 ? MatrixView{x, DType::f16, 0, lin.in + P} : base_input(x, lin.in);
+  const MatrixView x16 = x_f16 ? f16_copy(x, lin.in) : base_input(x, lin.in);
   ops::gemm(ctx_, lora_product({r, lin.in, T, true, false, lora_grad_scale_, 1.0f}, "lora_da"),
             MatrixView{dt16_, DType::f16, column, lora_width_}, x16, MatrixView{lora_.grad_a(s), DType::f32, 0, lin.in},
             options_.base_kernel);
 }
 
+MatrixView Transformer::f16_copy(const gpu::Buffer& x, uint32_t cols) const {
+  return MatrixView{x, DType::f16, 0, cols + lora_pad_};
+}
+
+bool Transformer::all_fold(size_t layer, std::span<const LinearKind> kinds) const {
+  for (LinearKind k : kinds)
+    if (!lora_folds(base_.layers[layer].linears[static_cast<int>(k)], lora_.find(static_cast<int64_t>(layer), k)))
+      return false;
+  return true;
+}
+
+namespace {
+constexpr LinearKind kAttentionInputReaders[] = {LinearKind::Q, LinearKind::K, LinearKind::V};
+constexpr LinearKind kMlpInputReaders[] = {LinearKind::Gate, LinearKind::Up};
+constexpr LinearKind kDown[] = {LinearKind::Down};
+}  // namespace
+
+// The fp32 [T, cols] buffers (act, h1, h2, dg, du) hold the fp16 [T, cols + lora_pad_] copy when
+// cols >= lora_pad_ (2 cols halves a row >= cols + lora_pad_).
 bool Transformer::down_f16(size_t layer) const {
-  if (dropout_on_) return false;
   const uint64_t I = static_cast<uint64_t>(c_.intermediate_size);
-  const BaseLinear& down = base_.layers[layer].linears[static_cast<int>(LinearKind::Down)];
-  // act's fp32 [T, I] buffer holds the fp16 [T, I + lora_pad_] copy when I >= lora_pad_.
-  return lora_folds(down, lora_.find(static_cast<int64_t>(layer), LinearKind::Down)) && I % 2 == 0 && I >= lora_pad_;
+  return !dropout_on_ && all_fold(layer, kDown) && I % 2 == 0 && I >= lora_pad_;
 }
 
 bool Transformer::norm_f16(size_t layer, bool mlp) const {
-  if (dropout_on_) return false;
   const uint64_t H = static_cast<uint64_t>(c_.hidden_size);
-  using K = LinearKind;
-  static constexpr K kAttention[] = {K::Q, K::K, K::V}, kMlp[] = {K::Gate, K::Up};
-  for (K k : mlp ? std::span<const K>(kMlp) : std::span<const K>(kAttention))
-    if (!lora_folds(base_.layers[layer].linears[static_cast<int>(k)], lora_.find(static_cast<int64_t>(layer), k)))
-      return false;
-  // h1's and h2's fp32 [T, H] buffers hold the fp16 [T, H + lora_pad_] copy when H >= lora_pad_.
-  return H % 2 == 0 && H >= lora_pad_;
+  return !dropout_on_ && all_fold(layer, mlp ? std::span<const LinearKind>(kMlpInputReaders) : kAttentionInputReaders) &&
+         H % 2 == 0 && H >= lora_pad_;
 }
 
 bool Transformer::mlp_backward_f16(size_t layer) const {
-  if (dropout_on_) return false;
-  const uint64_t I = static_cast<uint64_t>(c_.intermediate_size), ld = I + lora_pad_;
-  const uint64_t bytes = uint64_t(tokens_) * ld * 2;
-  for (LinearKind k : {LinearKind::Gate, LinearKind::Up})
-    if (!lora_folds(base_.layers[layer].linears[static_cast<int>(k)], lora_.find(static_cast<int64_t>(layer), k)))
-      return false;
-  return I % 2 == 0 && ld % 2 == 0 && grad_->dg.size >= bytes && grad_->du.size >= bytes;
+  const uint64_t I = static_cast<uint64_t>(c_.intermediate_size);
+  return !dropout_on_ && all_fold(layer, kMlpInputReaders) && I % 2 == 0 && I >= lora_pad_;
 }
 
 void Transformer::set_dropout_seed(uint64_t seed, uint64_t step, uint64_t micro_batch) {
@@ -639,7 +644,7 @@ class Transformer::ForwardSteps : public BlockSteps {
     // t = act A^T from act's fp16 copy (activation above), as linear_forward's folded path does
     const uint32_t in = s->in;
     ops::gemm(e_.ctx_, lora_product({e_.tokens_, s->rank, in, false, true}, "lora_xa"),
-              MatrixView{act, DType::f16, 0, in + e_.lora_pad_}, e_.lora_weight(s->a_offset, in),
+              e_.f16_copy(act, in), e_.lora_weight(s->a_offset, in),
               e_.lora_view(a_.t, LinearKind::Down), e_.options_.base_kernel);
   }
 

@@ -15,6 +15,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <span>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -173,6 +174,10 @@ class Transformer {
   // Likewise for the norms' outputs h1 (mlp false: the q, k, v projections' input) and h2 (mlp:
   // gate's and up's): every projection reading it folds its LoRA products, no dropout.
   bool norm_f16(size_t layer, bool mlp) const;
+  // Whether every one of `kinds` in `layer` folds its LoRA products (lora_folds).
+  bool all_fold(size_t layer, std::span<const LinearKind> kinds) const;
+  // x as the fp16 [T, cols + lora_pad_] copy those paths write into x's own buffer.
+  ops::MatrixView f16_copy(const gpu::Buffer& x, uint32_t cols) const;
   // The block of `kind` in a [T, targets * r] LoRA buffer (LayerActs::t, GradScratch::dt), from row0.
   ops::MatrixView lora_view(const gpu::Buffer& b, LinearKind kind, uint64_t row0 = 0) const;
   // LoRA factors as the B operand of a product: the fp16 copy (lora16_) or the fp32 parameters,
