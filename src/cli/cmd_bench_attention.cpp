@@ -36,7 +36,9 @@ struct AttnBenchOptions {
   uint32_t block_q = 0, block_k = 0, dkdv_split = 0;
   int reps = 5, device = -1;
   std::string impls = "flash,fused,fused-backward,gemm,tiled", flash_kernel = "automatic";
-  std::string fused_backward_tiles;  // "DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES"; empty: the defaults
+  std::string fused_forward_tiles;   // "WARPS,KEYS,PREFETCH"; empty: the defaults
+  std::string fused_backward_tiles;
+  int dkv_split_target = -1;  // < 0: the default  // "DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES"; empty: the defaults
   bool packed = false;
 };
 
@@ -106,8 +108,9 @@ int run(const AttnBenchOptions& o) {
   }
   ops::AttentionGemmOptions fused, fused_backward, unfused;
   fused.fused_backward = false;  // "fused": the fused forward with the GEMM path's backward
-  if (!o.fused_backward_tiles.empty()) {
-    std::stringstream ss(o.fused_backward_tiles);
+  // Comma-separated numbers of a --fused-*-tiles option; `what` names the expected ones.
+  auto numbers = [](const std::string& text, size_t count, const std::string& what) {
+    std::stringstream ss(text);
     std::vector<uint32_t> v;
     std::string item;
     while (std::getline(ss, item, ',')) {
@@ -118,10 +121,20 @@ int run(const AttnBenchOptions& o) {
         break;
       }
     }
-    if (v.size() != 4)
-      throw UserError("--fused-backward-tiles: give four numbers DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (e.g. 4,64,4,32)");
+    if (v.size() != count) throw UserError(what);
+    return v;
+  };
+  if (!o.fused_forward_tiles.empty()) {
+    const auto v = numbers(o.fused_forward_tiles, 3,
+                           "--fused-forward-tiles: give three numbers WARPS,KEYS,PREFETCH (e.g. 8,64,1)");
+    for (ops::AttentionGemmOptions* g : {&fused, &fused_backward}) g->fused_forward_tiles = {v[0], v[1], v[2] != 0};
+  }
+  if (!o.fused_backward_tiles.empty()) {
+    const auto v = numbers(o.fused_backward_tiles, 4,
+                           "--fused-backward-tiles: give four numbers DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (e.g. 4,64,4,32)");
     fused_backward.fused_backward_tiles = {v[0], v[1], v[2], v[3]};
   }
+  if (o.dkv_split_target >= 0) fused_backward.dkv_split_target = static_cast<uint32_t>(o.dkv_split_target);
   unfused.fused_forward = false;
   unfused.fused_backward = false;
   auto gemm_options = [&](const std::string& impl) {
@@ -279,9 +292,16 @@ forja::cli::CommandRegistration reg{"bench-attention", 82, [](CLI::App& app) {
   cmd->add_option("--dkdv-split", o->dkdv_split,
                   "flash's dk/dv workgroups per kv head (a divisor of heads / kv-heads; 0: automatic)");
   cmd->add_flag("--packed", o->packed, "Four packed documents per sequence instead of one");
+  cmd->add_option("--fused-forward-tiles", o->fused_forward_tiles,
+                  "the fused forward's workgroups: WARPS,KEYS,PREFETCH (subgroups 1/2/4/8, tiles 16/32/64, prefetch 0/1; "
+                  "default 8,64,0)");
   cmd->add_option("--fused-backward-tiles", o->fused_backward_tiles,
                   "fused-backward's workgroups: DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (subgroups 1/2/4/8, tiles "
                   "16/32/64; default 4,64,4,32)");
+  cmd->add_option("--dkv-split-target", o->dkv_split_target,
+                  "fused-backward's dk/dv kernel: workgroups below which a kv head's query heads are split "
+                  "across workgroups (0: never; default 1024)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--reps", o->reps, "Timed repetitions (best is reported)")->check(CLI::Range(1, 1000));
   cmd->add_option("--device", o->device, "Vulkan device index");
   return [o, cmd]() -> int {

@@ -18,7 +18,9 @@
 //        registers, dv += P^T dout, dk += dS^T Q. One pass computes P for both (separate dk and
 //        dv kernels recomputed it twice: 8 products per visible pair in all, now 7). The query
 //        heads of a kv head are summed here (GQA), so nothing is written twice and no atomics
-//        are needed.
+//        are needed. Where that gives too few workgroups (one sequence, short ones), `split`
+//        workgroups share a kv head's query heads, each writing its partial dk and dv
+//        part_stride elements after the previous one's; the host sums them.
 // Every reduction runs along the product's K dimension (keys for dq, queries for dk and dv), so
 // no lane exchanges anything outside the cooperative-matrix products.
 //
@@ -49,6 +51,7 @@ layout(push_constant) uniform PC {
   uint seq, n_heads, n_kv_heads, head_dim;
   float scale;
   uint seg_off, lse_off, drow_off, out_off, dv_off;  // element offsets in their bindings (dv_off: DKV)
+  uint split, part_stride;  // DKV: workgroups per kv head, each writing its sums part_stride further
 } pc;
 
 // fp16 copies [tokens, heads, d] (ops::to_f16_block), 8 halves per uvec4, from their start.
@@ -188,7 +191,7 @@ void main() {
 
 #else
   // ---- dk and dv: rows are keys of kv head g ----------------------------------------------
-  const uint g = gl_WorkGroupID.y;
+  const uint g = gl_WorkGroupID.y / pc.split, part = gl_WorkGroupID.y % pc.split, heads = rep / pc.split;
   const uint k_first = (tok0 * nkv + g) * d;
   // k as A fragments in registers; v staged at OWN for the whole loop (its A fragments are read
   // from there per tile: registers for both would spill next to two sets of accumulators).
@@ -202,7 +205,7 @@ void main() {
   FRAG_C dv[HF];  // acc holds dk
   UNROLL for (uint f = 0u; f < HF; ++f) dv[f] = C_ZERO;
 
-  for (uint hq = 0u; hq < rep; ++hq) {
+  for (uint hq = part * heads; hq < part * heads + heads; ++hq) {
     const uint h = g * rep + hq;
     const uint q_first = (tok0 * nh + h) * d;
     const uint stat = (b * nh + h) * pc.seq;
@@ -274,8 +277,8 @@ void main() {
       }
     }
   }
-  const uint out_first = pc.out_off + (tok0 * nkv + g) * d, out_ld = nkv * d;
-  const uint dv_first = pc.dv_off + (tok0 * nkv + g) * d;
+  const uint out_first = pc.out_off + part * pc.part_stride + (tok0 * nkv + g) * d, out_ld = nkv * d;
+  const uint dv_first = pc.dv_off + part * pc.part_stride + (tok0 * nkv + g) * d;
   UNROLL for (uint f = 0u; f < HF; ++f) {
     UNROLL for (uint i = 0u; i < 8u; ++i) {
       const uint hh = (i >> ROW_SHIFT) & 1u;

@@ -27,7 +27,8 @@
 // meet) are skipped; a subgroup skips a key tile entirely after its last row.
 //
 // Specialization constants: 0 workgroup size (32 x WARPS), 1 WARPS, 2 BC, 3 HD (= head_dim, a
-// multiple of 16 up to 128), 4 ROW_SHIFT and 5 COL_SHIFT (the accumulator's element order).
+// multiple of 16 up to 128), 4 ROW_SHIFT and 5 COL_SHIFT (the accumulator's element order), 6
+// PREFETCH (the next key tile's loads in flight during this one's products).
 // flash_fwd_khr_emu: the same without cooperative matrices (flash_khr_common.glsl), WARPS 1.
 //! variant flash_fwd_khr requires=nv_coopmat2
 //! variant flash_fwd_khr_emu -DEMULATE
@@ -60,6 +61,9 @@ layout(constant_id = 3) const uint HD = 128;
 // & 1), column 2 (l % 4) + i % 2 + 8 ((i >> COL_SHIFT) & 1).
 layout(constant_id = 4) const uint ROW_SHIFT = 2;
 layout(constant_id = 5) const uint COL_SHIFT = 1;
+// Whether the next key tile's k and v rows are loaded into registers while this one is computed
+// (and stored to shared memory after it), or staged between the barriers.
+layout(constant_id = 6) const bool PREFETCH = false;
 
 layout(push_constant) uniform PC {
   uint seq, n_heads, n_kv_heads, head_dim;
@@ -94,6 +98,38 @@ shared int sseg_k[BC];
 
 #include "flash_khr_common.glsl"
 
+// The first key tile at or after j with a visible pair for the query rows' segments [qlo, qhi]
+// (tiles past the causal limit are beyond `tiles`), with its segment range; the same in every
+// subgroup.
+uint next_tile(uint j, uint tiles, uint sbase, int qlo, int qhi, out int klo, out int khi, out bool kgap) {
+  for (; j < tiles; ++j) {
+    segment_range(sbase, j * BC, BC, klo, khi, kgap);
+    if (khi >= qlo && klo <= qhi) break;
+  }
+  return j;
+}
+
+// The prefetch: this invocation's chunks of a key tile's k and v rows, PER of each.
+const uint PER = (BC * CH + NT - 1u) / NT;
+uvec4 pk[PER], pv[PER];
+void fetch(uint k0, uint k_first, uint v_first, uint ld) {
+  UNROLL for (uint i = 0u; i < PER; ++i) {
+    const uint x = gl_LocalInvocationIndex + i * NT, r = x / CH, c = x % CH;
+    const bool inside = x < BC * CH && k0 + r < pc.seq;
+    pk[i] = inside ? k8[(k_first + (k0 + r) * ld) / 8u + c] : uvec4(0u);
+    pv[i] = inside ? v8[(v_first + (k0 + r) * ld) / 8u + c] : uvec4(0u);
+  }
+}
+void put() {
+  UNROLL for (uint i = 0u; i < PER; ++i) {
+    const uint x = gl_LocalInvocationIndex + i * NT, r = x / CH, c = x % CH;
+    if (x < BC * CH) {
+      sh[r * LD + c] = pk[i];
+      sh[KV_SIZE + r * LD + c] = pv[i];
+    }
+  }
+}
+
 void main() {
   const uint qt = gl_WorkGroupID.x, h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
   const uint warp = WARP, lane = LANE;
@@ -126,19 +162,26 @@ void main() {
 
   const uint q_end = min(pc.seq, q0 + BR);
   const uint tiles = (q_end + BC - 1u) / BC;
-  for (uint j = 0u; j < tiles; ++j) {
+  int klo, khi;
+  bool kgap;
+  uint j = next_tile(0u, tiles, sbase, qlo, qhi, klo, khi, kgap);
+  if (PREFETCH && j < tiles) fetch(j * BC, k_first, v_first, nkv * d);
+  while (j < tiles) {
     const uint k0 = j * BC;
-    int klo, khi;
-    bool kgap;
-    segment_range(sbase, k0, BC, klo, khi, kgap);
-    if (khi < qlo || klo > qhi) continue;  // no visible pair (the same decision in every subgroup)
-    barrier();                             // every subgroup is done with the previous tile
-    STAGE(k8, 0u, k0, BC, k_first, nkv * d);
-    STAGE(v8, KV_SIZE, k0, BC, v_first, nkv * d);
+    const bool full = !qgap && !kgap && qlo == qhi && klo == khi && qlo == klo && k0 + BC <= qw + 1u;
+    barrier();  // every subgroup is done with the previous tile
+    if (PREFETCH) {
+      put();
+    } else {
+      STAGE(k8, 0u, k0, BC, k_first, nkv * d);
+      STAGE(v8, KV_SIZE, k0, BC, v_first, nkv * d);
+    }
     for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
     barrier();
+    // The next visible tile's loads go out now and land while this one is computed.
+    j = next_tile(j + 1u, tiles, sbase, qlo, qhi, klo, khi, kgap);
+    if (PREFETCH && j < tiles) fetch(j * BC, k_first, v_first, nkv * d);
     if (k0 > qw + 15u) continue;  // past this subgroup's last row
-    const bool full = !qgap && !kgap && qlo == qhi && klo == khi && qlo == klo && k0 + BC <= qw + 1u;
 
     // S = Q K^T: K is staged [key][d], so K^T is its column-major reading.
     FRAG_C s[NF];

@@ -92,9 +92,20 @@ struct FusedPush {
 };
 static_assert(kernels::push_block_matches<FusedPush>(kernels::flash_fwd_khr),
               "FusedPush differs from kernels/flash_forward_khr.comp's push-constant block");
-// 8 subgroups (128 query rows) and 64-key tiles: 110 TFLOP/s on an H100 against 102 for 4
-// subgroups, 83 for 32-key tiles (docs/benchmarks.md, 2026-12-05).
-constexpr uint32_t kFusedWarps = 8, kFusedKeys = 64;
+// The forward's workgroups within what the kernel and the device allow: shared memory holds the
+// staged k and v tiles, or the workgroup's q rows before the loop (kernels/flash_forward_khr.comp's
+// SH_SIZE), the tile's segment ids and the emulation's exchange arrays.
+void check_fused_forward_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t keys, uint32_t head_dim) {
+  if (!(warps == 1 || warps == 2 || warps == 4 || warps == 8) || !(keys == 16 || keys == 32 || keys == 64))
+    throw std::invalid_argument("fused attention forward tiles: subgroups must be 1, 2, 4 or 8 and tiles 16, 32 or 64");
+  const uint64_t ld = head_dim / 8 + 1;
+  const uint64_t bytes = 16 * std::max<uint64_t>(2ull * keys * ld, 16ull * warps * ld) + 4ull * keys + 4 * (256 + 256 + 32);
+  if (bytes > ctx.info().max_shared_memory)
+    throw std::invalid_argument("fused attention forward tiles: " + std::to_string(warps) + " subgroups and tiles of " +
+                                std::to_string(keys) + " need " + std::to_string(bytes) +
+                                " bytes of shared memory, the device has " +
+                                std::to_string(ctx.info().max_shared_memory));
+}
 
 // The element order of a 16x16 fp32 accumulator that the fused kernel's softmax can work with:
 // lane l holds rows l/4 and l/4 + 8 and columns 2 (l % 4) + {0, 1} and those + 8 (NVIDIA's
@@ -173,9 +184,12 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
                    const gpu::Buffer& v, const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
                    float scale, const AttentionGemmOptions& o) {
   const FusedSetup f = fused_setup(ctx, o);
-  const uint32_t warps = f.emulated ? 1 : kFusedWarps, keys = f.emulated ? o.emulated_tile : kFusedKeys;
+  const uint32_t warps = f.emulated ? 1 : o.fused_forward_tiles.warps;
+  const uint32_t keys = f.emulated ? o.emulated_tile : o.fused_forward_tiles.keys;
+  check_fused_forward_tiles(ctx, warps, keys, m.d);
   const auto& p = ctx.pipelines().get(f.emulated ? kernels::flash_fwd_khr_emu : kernels::flash_fwd_khr,
-                                      {warps * 32, warps, keys, m.d, f.row_shift, f.col_shift});
+                                      {warps * 32, warps, keys, m.d, f.row_shift, f.col_shift,
+                                       o.fused_forward_tiles.prefetch ? 1u : 0u});
   const uint32_t rows_per_group = warps * 16;
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_forward", m);
   const uint32_t group = std::min(per, m.batch);
@@ -214,6 +228,7 @@ struct FusedBackwardPush {
   uint32_t seq, n_heads, n_kv_heads, head_dim;
   float scale;
   uint32_t seg_off, lse_off, drow_off, out_off, dv_off;
+  uint32_t split, part_stride;
 };
 static_assert(kernels::push_block_matches<FusedBackwardPush>(kernels::flash_bwd_dq_khr, kernels::flash_bwd_dkv_khr),
               "FusedBackwardPush differs from kernels/flash_backward_khr.comp's push-constant block");
@@ -302,9 +317,10 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
     const Bound bdrow = bind_elements(ctx, drow, 0, nb * m.stat_seq());
     row_dot(ctx, m, nb, f.out, bdout, bdrow);
     auto run = [&](const gpu::Pipeline& p, const Bound& grad, const Bound* grad_v, uint32_t rows_per_group,
-                   uint32_t heads, double products, const char* op) {
-      const FusedBackwardPush push{m.seq,         m.nh,         m.nkv,        m.d,         scale,
-                                   f.segments.offset, f.lse.offset, bdrow.offset, grad.offset, grad_v ? grad_v->offset : 0};
+                   uint32_t heads, uint32_t split, uint32_t part_stride, double products, const char* op) {
+      const FusedBackwardPush push{m.seq,        m.nh,         m.nkv,       m.d,
+                                   scale,        f.segments.offset, f.lse.offset, bdrow.offset,
+                                   grad.offset,  grad_v ? grad_v->offset : 0,    split,       part_stride};
       std::vector<gpu::Binding> bindings = {{q16, gpu::Access::read},
                                             {k16, gpu::Access::read},
                                             {v16, gpu::Access::read},
@@ -314,15 +330,34 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
                                             {bdrow.buffer, gpu::Access::read},
                                             {grad.buffer, gpu::Access::write}};
       if (grad_v) bindings.push_back({grad_v->buffer, gpu::Access::write});
-      ctx.dispatch(p, bindings, push, (m.seq + rows_per_group - 1) / rows_per_group, heads, nb, op,
+      ctx.dispatch(p, bindings, push, (m.seq + rows_per_group - 1) / rows_per_group, heads * split, nb, op,
                    products * 2.0 * nb * m.nh * pairs * m.d);
     };
     // dq: S, dP, dS K; dk and dv: S^T, dP^T, dS^T Q, P^T dout (products per visible pair).
-    run(p_dq, bind_elements(ctx, dq, b0 * m.q_seq(), nb * m.q_seq()), nullptr, dq_warps * 16, m.nh, 3,
+    run(p_dq, bind_elements(ctx, dq, b0 * m.q_seq(), nb * m.q_seq()), nullptr, dq_warps * 16, m.nh, 1, 0, 3,
         "attention_fused_backward_dq");
-    const Bound bdv = bind_elements(ctx, dv, b0 * m.kv_seq(), nb * m.kv_seq());
-    run(p_dkv, bind_elements(ctx, dk, b0 * m.kv_seq(), nb * m.kv_seq()), &bdv, kv_warps * 16, m.nkv, 4,
-        "attention_fused_backward_dkv");
+    const uint64_t kv_elements = nb * m.kv_seq();
+    AttentionGemmOptions tiled = o;  // the tiles this call runs (the emulation's one subgroup)
+    tiled.fused_backward_tiles = t;
+    const uint32_t split = attention_dkv_split(nb, m.seq, m.nh, m.nkv, tiled);
+    if (split == 1) {
+      const Bound bdv = bind_elements(ctx, dv, b0 * m.kv_seq(), kv_elements);
+      run(p_dkv, bind_elements(ctx, dk, b0 * m.kv_seq(), kv_elements), &bdv, kv_warps * 16, m.nkv, 1, 0, 4,
+          "attention_fused_backward_dkv");
+    } else {
+      // Each of the split workgroups of a kv head writes its partial sums; then they are summed.
+      const gpu::Buffer dk_parts = ctx.alloc(split * kv_elements * 4, "attention dk partial sums");
+      const gpu::Buffer dv_parts = ctx.alloc(split * kv_elements * 4, "attention dv partial sums");
+      const Bound bdv{dv_parts, 0};
+      run(p_dkv, Bound{dk_parts, 0}, &bdv, kv_warps * 16, m.nkv, split, static_cast<uint32_t>(kv_elements), 4,
+          "attention_fused_backward_dkv");
+      const uint32_t rows = nb * m.seq, cols = m.nkv * m.d;
+      gemm_sum_slices(ctx, dk_parts, split, rows, cols, MatrixView{dk, DType::f32, b0 * m.kv_seq(), cols}, 0.0f,
+                      "attention_dkv_sum");
+      gemm_sum_slices(ctx, dv_parts, split, rows, cols, MatrixView{dv, DType::f32, b0 * m.kv_seq(), cols}, 0.0f,
+                      "attention_dkv_sum");
+      for (const gpu::Buffer& b : {dk_parts, dv_parts}) ctx.free(b);
+    }
   }
   for (const gpu::Buffer& b : {v16, do16, drow}) ctx.free(b);
   if (!o.qk_f16)
@@ -397,7 +432,20 @@ uint64_t attention_fused_scratch_bytes(uint32_t sequences, uint32_t seq, uint32_
   auto f16 = [](uint64_t halves) { return (halves + 7) / 8 * 16; };  // alloc_f16
   const uint64_t copies = qk_f16 ? f16(sequences * m.q_seq()) + f16(sequences * m.kv_seq())  // dout, v
                                  : 2 * f16(sequences * m.q_seq()) + 2 * f16(sequences * m.kv_seq());
-  return copies + sequences * m.stat_seq() * 4;
+  const uint32_t split = attention_dkv_split(sequences, seq, n_heads, n_kv_heads);
+  const uint64_t parts = split > 1 ? 2ull * split * sequences * m.kv_seq() * 4 : 0;  // dk's and dv's
+  return copies + sequences * m.stat_seq() * 4 + parts;
+}
+
+uint32_t attention_dkv_split(uint32_t sequences, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,
+                             const AttentionGemmOptions& o) {
+  if (n_kv_heads == 0 || n_heads % n_kv_heads || o.dkv_split_target == 0) return 1;
+  const uint32_t rep = n_heads / n_kv_heads, rows = 16 * o.fused_backward_tiles.kv_warps;
+  const uint64_t groups = uint64_t((seq + rows - 1) / rows) * n_kv_heads * sequences;
+  uint32_t split = 1;
+  for (uint32_t d = 1; d <= rep && groups * split < o.dkv_split_target; ++d)
+    if (rep % d == 0) split = d;
+  return split;
 }
 
 bool attention_gemm_takes_f16_qk(gpu::Context& ctx, uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,

@@ -40,6 +40,16 @@ struct AttentionGemmOptions {
   // attention_fused_forward_supported says so; the backward is the same either way (it needs
   // only out and lse).
   bool fused_forward = true;
+  // The fused forward's workgroups: warps subgroups of 16 query rows against tiles of keys keys
+  // (subgroups 1, 2, 4 or 8; tiles 16, 32 or 64, within the device's shared memory); prefetch:
+  // the next key tile's loads go out before this one's products (registers hold them), instead
+  // of staging between barriers. On an H100 (S 2048, 32/8 heads x 128, `forja bench attention
+  // --fused-forward-tiles`; docs/benchmarks.md) 8,64 without prefetch ran the forward in 0.344-
+  // 0.349 ms at B 1 and 2.18 at B 8; 4,64 with prefetch 0.369-0.374 and 2.29.
+  struct FusedForwardTiles {
+    uint32_t warps = 8, keys = 64;
+    bool prefetch = false;
+  } fused_forward_tiles;
   // The backward as two fused kernels (kernels/flash_backward_khr.comp: dq per query tile; dk and
   // dv together per key tile, summing a kv head's query heads; P recomputed from lse in registers)
   // where attention_fused_forward_supported says so (the same device features): on an H100 the
@@ -55,6 +65,11 @@ struct AttentionGemmOptions {
   struct FusedBackwardTiles {
     uint32_t dq_warps = 4, dq_keys = 64, kv_warps = 4, kv_queries = 32;
   } fused_backward_tiles;
+  // The dk/dv kernel sums a kv head's query heads in one workgroup per key tile. Where that
+  // gives fewer than dkv_split_target workgroups (one sequence of 2048 at 32/8 heads: 256),
+  // several workgroups share the query heads (the smallest divisor of heads / kv-heads that
+  // reaches the target, else all) and their partial dk and dv are summed after; 0: never.
+  uint32_t dkv_split_target = 1024;
   // q and k hold the fp16 [tokens, heads, d] copies the fused kernels read (ops::qk_norm_rope_f16
   // made them), not fp32: the fused forward and backward only, where attention_gemm_takes_f16_qk.
   bool qk_f16 = false;
@@ -107,8 +122,13 @@ uint32_t attention_gemm_chunk_rows(const gpu::Context& ctx, uint32_t seq, uint32
 uint64_t attention_gemm_scratch_bytes(uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t chunk_rows);
 // The same with the fused kernels (fp16 copies of q, k, v and dout, and D, for `sequences` at once;
 // qk_f16: AttentionGemmOptions::qk_f16, no copies of q and k).
+// With the default options, it includes the dk/dv kernel's partial sums where it splits.
 uint64_t attention_fused_scratch_bytes(uint32_t sequences, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,
                                        uint32_t head_dim, bool qk_f16 = false);
+// The workgroups that share each kv head's query heads in the dk/dv kernel for `sequences` in
+// one dispatch (AttentionGemmOptions::dkv_split_target; 1: no split).
+uint32_t attention_dkv_split(uint32_t sequences, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,
+                             const AttentionGemmOptions& o = {});
 
 void attention_gemm_forward(gpu::Context& ctx, const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
                             const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,

@@ -321,7 +321,9 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
 void gemm_split_k(gpu::Context& ctx, const GemmShape& s, uint32_t slices, const MatrixView& a, const MatrixView& b,
                   const MatrixView& c, GemmKernel kernel, const gpu::KhrFragment& frag) {
   const uint32_t ks = (s.k + slices - 1) / slices;
-  const uint32_t step = (ks + 15) / 16 * 16;  // whole K tiles per slice
+  // Whole K tiles per slice (NV2's: its exact variant needs K a multiple of 64).
+  const uint32_t tile_k = kernel == GemmKernel::nv_coopmat2 ? 64 : 16;
+  const uint32_t step = (ks + tile_k - 1) / tile_k * tile_k;
   const uint32_t full = s.k / step, rest = s.k - full * step;
   const uint32_t parts = full + (rest > 0 ? 1 : 0);
   const uint64_t mn = uint64_t(s.m) * s.n;
@@ -338,22 +340,30 @@ void gemm_split_k(gpu::Context& ctx, const GemmShape& s, uint32_t slices, const 
     p.k = rest, p.batch = 1;
     dispatch_part(ctx, p, a, a.offset + full * a_step, b, b.offset + full * b_step, part, full * mn, kernel, frag);
   }
+  gemm_sum_slices(ctx, scratch, parts, s.m, s.n, c, s.beta);
+  ctx.free(scratch);
+}
+
+}  // namespace
+
+void gemm_sum_slices(gpu::Context& ctx, const gpu::Buffer& parts, uint32_t slices, uint32_t m, uint32_t n,
+                     const MatrixView& c, float beta, const char* op) {
   struct ReducePush {
     uint32_t m, n, ldc, c_offset, slices;
     float beta;
   };
   static_assert(kernels::push_block_matches<ReducePush>(kernels::gemm_split_k));
-  const Operand oc = bind(ctx, c, c.offset, span_elements(s.m, s.n, c.ld, 1, 0));
-  const ReducePush push{s.m, s.n, c.ld, oc.offset, parts, s.beta};
+  if (c.dtype != DType::f32 || c.ld < n) throw std::logic_error("gemm_sum_slices: C must be fp32 with ld >= n");
+  const uint64_t mn = uint64_t(m) * n;
+  if (parts.size < slices * mn * 4) throw std::logic_error("gemm_sum_slices: the parts buffer is smaller than its slices");
+  const Operand oc = bind(ctx, c, c.offset, span_elements(m, n, c.ld, 1, 0));
+  const ReducePush push{m, n, c.ld, static_cast<uint32_t>(oc.offset), slices, beta};
   const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((mn + 255) / 256, 65535));
   ctx.dispatch(ctx.pipelines().get(kernels::gemm_split_k),
-               {{scratch.slice(0, parts * mn * 4), gpu::Access::read},
-                {oc.binding, s.beta != 0.0f ? gpu::Access::read_write : gpu::Access::write}},
-               push, groups, 1, 1, "gemm_split_k");
-  ctx.free(scratch);
+               {{parts.slice(0, slices * mn * 4), gpu::Access::read},
+                {oc.binding, beta != 0.0f ? gpu::Access::read_write : gpu::Access::write}},
+               push, groups, 1, 1, op);
 }
-
-}  // namespace
 
 CoopTileSize gemm_coop_tile_size(const GemmShape& shape, uint32_t compute_units) {
   const CoopTile t = coop_tile(shape, false, compute_units);
@@ -374,6 +384,41 @@ uint64_t thin_split_target() {
     return uint64_t{n};
   }();
   return target;
+}
+
+// NV2 products split along K only where K is long and the output tiles fill less than three
+// waves of one workgroup per compute unit: at M 2048 (1x2048, 4x512) down_proj's forward and the
+// gate/up backward's dx (N 2560, K 9792, 320 tiles) ran at 242 / 228 TFLOP/s whole and 267 / 251
+// in two slices on an H100, while splitting shorter products lost (k/v's 203 -> 128;
+// docs/benchmarks.md). FORJA_SPLIT_K_NV2=N instead splits every product with fewer than N tiles
+// towards N workgroups (slices of at least 512), for measuring; 0: never.
+constexpr uint32_t kNv2SplitMinK = 8192;
+std::optional<uint64_t> nv2_split_override() {
+  static const std::optional<uint64_t> target = []() -> std::optional<uint64_t> {
+    const char* v = std::getenv("FORJA_SPLIT_K_NV2");
+    if (!v || !*v) return std::nullopt;
+    char* end = nullptr;
+    const unsigned long n = std::strtoul(v, &end, 10);
+    if (*end || n > (1u << 20))
+      throw UserError(std::string("FORJA_SPLIT_K_NV2=") + v + " is not a workgroup count (0 to 1048576)");
+    return uint64_t{n};
+  }();
+  return target;
+}
+uint32_t nv2_split_k_slices(const GemmShape& s, const gpu::DeviceInfo& info) {
+  if (s.batch != 1 || s.split_k == 1) return 1;
+  const Cm2Tile t = cm2_tile(s, info);
+  const uint64_t tiles = uint64_t((s.m + t.bm - 1) / t.bm) * ((s.n + t.bn - 1) / t.bn);
+  constexpr uint64_t kMinSlice = 512, kMaxScratch = 96ull << 20;
+  uint64_t slices = 1;
+  if (const std::optional<uint64_t> target = nv2_split_override()) {
+    if (*target > tiles && s.k >= 2 * kMinSlice) slices = std::min<uint64_t>((*target + tiles - 1) / tiles, s.k / kMinSlice);
+  } else {
+    const uint32_t cu = info.compute_units ? info.compute_units : 64;
+    if (s.k >= kNv2SplitMinK && tiles < 3ull * cu) slices = 2;
+  }
+  slices = std::min<uint64_t>(slices, kMaxScratch / (uint64_t(s.m) * s.n * 4));
+  return static_cast<uint32_t>(std::max<uint64_t>(slices, 1));
 }
 }  // namespace
 
@@ -458,7 +503,8 @@ void run_gemm(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const 
     kernel = khr_available(ctx) ? GemmKernel::khr_coopmat : coopmat_available(ctx) ? GemmKernel::coopmat
                                                                                    : GemmKernel::nv_coopmat2;
   if (kernel == GemmKernel::khr_coopmat) frag = ctx.info().khr_fragment;
-  const uint32_t slices = kernel == GemmKernel::nv_coopmat2 ? 1 : std::min(gemm_split_k_slices(s), s.k);
+  const uint32_t slices = kernel == GemmKernel::nv_coopmat2 ? nv2_split_k_slices(s, ctx.info())
+                                                            : std::min(gemm_split_k_slices(s), s.k);
   if (slices > 1) return gemm_split_k(ctx, s, slices, a, b, c, kernel, frag);
   dispatch_part(ctx, s, a, a.offset, b, b.offset, c, c.offset, kernel, frag);
 }

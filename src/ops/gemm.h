@@ -81,6 +81,12 @@ std::string gemm_kernel_name(GemmKernel k);
 // handful of workgroups while most of a GPU idles.
 uint32_t gemm_split_k_slices(const GemmShape& shape);
 
+// C (=|+=) the sum of `slices` fp32 [M, N] matrices stored one after another from the start of
+// `parts` (kernels/gemm_split_k.comp: summed in slice order, deterministic; beta 0 never reads
+// C): split-K's second half, and any kernel's partial results summed the same way.
+void gemm_sum_slices(gpu::Context& ctx, const gpu::Buffer& parts, uint32_t slices, uint32_t m, uint32_t n,
+                     const MatrixView& c, float beta, const char* op = "gemm_split_k");
+
 // The output tile (rows x columns) of the cooperative-matrix kernel for this product on a device
 // with `compute_units` SMs / CUs (0 = unknown): the largest tile that gives enough workgroups,
 // passing over one whose last wave would leave many compute units idle.

@@ -53,12 +53,14 @@ struct Impl {
   bool fused_backward = false;  // and its fused backward kernels
   uint32_t emulated_row_shift = 0;  // > 0: the fused kernels' emulation, with this accumulator order
   uint32_t emulated_tile = 32;      // and this tile of keys / queries
+  bool forward_prefetch = false;    // the fused forward's prefetch of the next key tile
   std::string name() const {
     return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) +
                       (fused_forward ? " fused forward" : "") + (fused_backward ? " fused backward" : "") +
                       (emulated_row_shift ? " emulated, row shift " + std::to_string(emulated_row_shift) +
                                                 ", tile " + std::to_string(emulated_tile)
-                                          : "")
+                                          : "") +
+                      (forward_prefetch ? ", prefetch" : "")
                 : "tiled";
   }
   ops::AttentionGemmOptions options() const {
@@ -68,6 +70,7 @@ struct Impl {
     o.fused_emulated = emulated_row_shift > 0;
     if (o.fused_emulated) o.emulated_row_shift = emulated_row_shift;
     o.emulated_tile = emulated_tile;
+    o.fused_forward_tiles.prefetch = forward_prefetch;
     return o;
   }
 };
@@ -258,17 +261,19 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
 // cooperative matrices) on any device, lavapipe included: their tiling, masks, online softmax and
 // the backward's recomputation from lse, forward and backward, in both accumulator orders the
 // kernels know; sequences shorter than and beyond the emulation's 16-row and 32-key tiles, head_dim
-// 16 to 128, GQA 1 to 6, causal and packed. Lavapipe compiles each (kernel, head_dim, order) for
-// about 2 s, so few of them are asked for.
+// 16 to 128, GQA 1 to 6, causal and packed; the forward with and without its prefetch. Lavapipe
+// compiles each (kernel, head_dim, order) for about 2 s, so few of them are asked for.
 TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
   // (shape, accumulator order, tile): tile 64 is the real kernels' (forward keys, the backward's
   // default tiles), within lavapipe's shared memory up to head_dim 64.
   const std::tuple<Shape, uint32_t, uint32_t> cases[] = {
       {{2, 7, 4, 2, 16}, 2, 32},  {{1, 37, 2, 1, 128}, 2, 32}, {{2, 70, 6, 1, 16}, 2, 32}, {{2, 40, 6, 2, 32}, 1, 32},
       {{1, 70, 2, 2, 32}, 1, 32}, {{2, 150, 4, 1, 64}, 2, 64}, {{1, 67, 6, 2, 32}, 1, 64}};
+  bool prefetch = false;
   for (const auto& [s, row_shift, tile] : cases) {
     Impl fused{true, ops::GemmKernel::automatic, 0, true};
     fused.fused_backward = true;
+    fused.forward_prefetch = prefetch = !prefetch;
     fused.emulated_row_shift = row_shift;
     fused.emulated_tile = tile;
     check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);

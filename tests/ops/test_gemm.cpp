@@ -398,6 +398,9 @@ TEST_F(GemmTest, NvCoopmat2BitExactAndRandom) {
   if (!ops::gemm_kernel_available(ctx(), GemmKernel::nv_coopmat2))
     GTEST_SKIP() << "no usable NV cooperative matrix 2 on " << ctx().info().name;
   family_suite(GemmKernel::nv_coopmat2);
+  // K >= 8192 with few output tiles: NV2's automatic split-K (two slices, the second shorter).
+  run({256, 384, 8256, false, true, 1.0f, 0.0f}, DType::f16, GemmKernel::nv_coopmat2, true, Layout::aligned());
+  run({256, 384, 8256, false, false, 1.0f, 0.5f}, DType::f16, GemmKernel::nv_coopmat2, false, Layout::aligned());
 }
 
 // Operands larger than maxStorageBufferRange are split into several dispatches. Only on
