@@ -12,7 +12,11 @@
 // of 8 there (the host checks), so every invocation writes whole words. The codebook is read from
 // a shared-memory copy (see NF4_CODE_AT in nf4_common.glsl). With ld > cols (fp16 only, one
 // dispatch) row r of W goes to dst elements [r * ld, r * ld + cols): room beside each row for
-// the LoRA factor the product takes with it (ops::nf4_dequantize).
+// the LoRA factor the product takes with it (ops::nf4_dequantize). That factor can come in the
+// same dispatch (ops::Nf4Beside, fp16 strided only): after the weight's words, invocations write
+// a block of ext_rows x ext_width halves at ext_at (row stride ld), fp16(scale * src[r][c]) for
+// r < ext_valid_rows, c < ext_cols, 0 elsewhere: what ops::to_f16_block would write, one
+// dispatch fewer per product.
 //! variant nf4
 //! variant nf4_f16 -DOUT_F16
 #extension GL_EXT_control_flow_attributes : require
@@ -26,6 +30,9 @@ layout(push_constant) uniform Nf4Push {
   uint groups_x;
   float absmax_offset;
   uint cols, ld;  // W's row length and the output's row stride (elements; equal: contiguous)
+  uint ext_rows, ext_width, ext_at;  // the block beside W (halves; ext_rows 0: none)
+  uint ext_src_off, ext_src_ld, ext_valid_rows, ext_cols;
+  float ext_scale;
 } pc;
 float nf4_offset() { return pc.absmax_offset; }
 
@@ -40,6 +47,7 @@ shared float nf4_lut[16];
 #ifdef OUT_F16
 #include "f16_round.glsl"
 layout(set = 0, binding = 4) writeonly buffer Out { uvec4 dst[]; };  // 8 halves per element
+layout(set = 0, binding = 5) readonly buffer Ext { float ext_src[]; };  // fp32 source of the block beside W
 #else
 layout(set = 0, binding = 4) writeonly buffer Out { float dst[]; };
 #endif
@@ -49,7 +57,25 @@ void main() {
   barrier();
   const uint t = gl_WorkGroupID.y * pc.groups_x * 256u + gl_WorkGroupID.x * 256u + gl_LocalInvocationIndex;
   const uint local = t * 8u;  // element offset inside this dispatch
+#ifdef OUT_F16
+  if (local >= pc.count) {
+    // The block beside W: chunk x of 8 halves.
+    const uint per_row = pc.ext_width / 8u, x = (local - pc.count) / 8u;
+    if (x >= pc.ext_rows * per_row) return;
+    const uint r = x / per_row, c0 = (x % per_row) * 8u;
+    float e[8];
+    [[unroll]] for (uint i = 0; i < 8u; ++i)
+      e[i] = r < pc.ext_valid_rows && c0 + i < pc.ext_cols
+                 ? pc.ext_scale * ext_src[pc.ext_src_off + r * pc.ext_src_ld + c0 + i] : 0.0;
+    uint h[4];
+    [[unroll]] for (uint i = 0; i < 4u; ++i)
+      h[i] = packHalf2x16(vec2(round_to_f16(e[2u * i]), round_to_f16(e[2u * i + 1u])));
+    dst[(pc.ext_at + r * pc.ld + c0) >> 3] = uvec4(h[0], h[1], h[2], h[3]);
+    return;
+  }
+#else
   if (local >= pc.count) return;
+#endif
   const uint e0 = pc.first + local;
   float v[8];
   nf4_decode_word(e0 >> 3, nf4_block_absmax(e0 >> 6), v);

@@ -371,8 +371,9 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
       ops::gemm(ctx_, lora_product({T, r, lin.in, false, true}, "lora_xa"), xin, lora_weight(slot->a_offset, lin.in),
                 lora_view(lora_t, kind), options_.base_kernel);
     ops::to_f16_block(ctx_, lora_t, lora_column_[static_cast<int>(kind)], lora_width_, xin.buffer, lin.in, K, T, r, P);
-    ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16, K);
-    ops::to_f16_block(ctx_, lora_.params(), slot->b_offset, r, nf4_scratch_, lin.in, K, lin.out, r, P, lora_.scale());
+    // W and scale B beside it in one dispatch
+    const ops::Nf4Beside scaled_b{lora_.params(), slot->b_offset, r, lin.in, lin.out, P, lin.out, r, lora_.scale()};
+    ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16, K, &scaled_b);
     ops::gemm(ctx_, GemmShape{T, lin.out, K, false, true, 1.0f, beta}, xin, MatrixView{nf4_scratch_, DType::f16, 0, K},
               MatrixView{y, DType::f32, 0, lin.out}, options_.base_kernel);
     if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
@@ -462,11 +463,9 @@ void Transformer::linear_backward_folded(const BaseLinear& lin, const LoraSlot& 
   // dx (=|+=) [dy | dt] [W ; A]: the LoRA part of dx inside the base product, K = out + P (dt and
   // A rounded to fp16, zero rows up to P).
   const uint32_t ld = dequantised_ld(lin.in);
-  ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16, ld);
-  const uint64_t below = uint64_t(lin.out) * ld;  // W's rows: A's rows follow
-  ops::to_f16_block(ctx_, lora_.params(), s.a_offset, lin.in, nf4_scratch_, below, ld, r, lin.in, lin.in);
-  if (P > r)
-    ops::to_f16_block(ctx_, lora_.params(), 0, lin.in, nf4_scratch_, below + uint64_t(r) * ld, ld, P - r, 0, lin.in);
+  const uint64_t below = uint64_t(lin.out) * ld;  // W's rows: A's rows follow, in the same dispatch
+  const ops::Nf4Beside a_rows{lora_.params(), s.a_offset, lin.in, below, P, lin.in, r, lin.in, 1.0f};
+  ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16, ld, &a_rows);
   ops::gemm(ctx_, GemmShape{T, lin.in, K, false, false, 1.0f, beta}, dy16, MatrixView{nf4_scratch_, DType::f16, 0, ld},
             MatrixView{dx, DType::f32, 0, lin.in}, options_.base_kernel);
   if (grouped) return;  // dA for the group: lora_group_backward

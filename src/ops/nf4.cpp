@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/kernel_table.h"
+#include "ops/chunking.h"
 
 namespace forja::ops {
 
@@ -16,6 +17,9 @@ struct DequantPush {
   uint32_t first, count, groups_x;
   float absmax_offset;
   uint32_t cols, ld;
+  uint32_t ext_rows, ext_width, ext_at;
+  uint32_t ext_src_off, ext_src_ld, ext_valid_rows, ext_cols;
+  float ext_scale;
 };
 
 // Must match Nf4GemmPush in kernels/nf4_gemm.comp and nf4_gemm_coopmat.comp.
@@ -32,10 +36,6 @@ static_assert(kernels::push_block_matches<Nf4GemmPush>(kernels::nf4_gemm_t64, ke
                                                        kernels::nf4_gemm_f16_t64, kernels::nf4_gemm_f16_t128,
                                                        kernels::nf4_gemm_nvcm, kernels::nf4_gemm_nvcm_emu),
               "Nf4GemmPush differs from kernels/nf4_gemm.comp's push-constant block");
-
-uint64_t offset_alignment(const gpu::Context& ctx) {
-  return std::max<uint64_t>(16, ctx.info().min_storage_offset_alignment);
-}
 
 // Uploads `bytes` bytes padded with zeros to a multiple of 4 (the kernels read uint words).
 gpu::Buffer upload_bytes(gpu::Context& ctx, const void* data, uint64_t bytes, const std::string& what) {
@@ -202,15 +202,22 @@ void free_nf4(gpu::Context& ctx, Nf4Weight& w) {
   w = Nf4Weight{};
 }
 
-void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out, DType out_dtype, uint32_t out_ld) {
+void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out, DType out_dtype, uint32_t out_ld,
+                    const Nf4Beside* beside) {
   check_weight(w, "nf4_dequantize");
   const uint64_t n = uint64_t(w.rows) * w.cols;
   const uint64_t es = dtype_bytes(out_dtype);
   if (out_ld == 0) out_ld = w.cols;
-  const uint64_t span = uint64_t(w.rows - 1) * out_ld + w.cols;
-  if (out.size < span * es) throw std::logic_error("nf4_dequantize: output buffer smaller than its rows");
+  uint64_t span = uint64_t(w.rows - 1) * out_ld + w.cols;
   if (out_dtype == DType::f16 && n % 8 != 0)
     throw std::logic_error("nf4_dequantize: fp16 output needs rows x cols to be a multiple of 8");
+  if (beside) {
+    if (out_dtype != DType::f16 || out_ld == w.cols || !beside->src.valid() || beside->width % 8 || beside->dst_first % 8 ||
+        beside->cols > beside->width || (beside->valid_rows > 1 && beside->cols > beside->src_ld))
+      throw std::logic_error("nf4_dequantize: a block beside W needs fp16 with a row stride, width and start multiples of 8");
+    if (beside->rows > 0) span = std::max<uint64_t>(span, beside->dst_first + uint64_t(beside->rows - 1) * out_ld + beside->width);
+  }
+  if (out.size < span * es) throw std::logic_error("nf4_dequantize: output buffer smaller than its rows");
   if (out_ld != w.cols && (out_dtype != DType::f16 || out_ld < w.cols || w.cols % 8 || out_ld % 8 ||
                            span * es > ctx.info().max_storage_buffer_range))
     throw std::logic_error("nf4_dequantize: a row stride needs fp16, cols and stride multiples of 8, one binding");
@@ -219,16 +226,31 @@ void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& ou
   const uint64_t step = std::max<uint64_t>(8, offset_alignment(ctx) / es);
   const uint64_t chunk = ctx.info().max_storage_buffer_range / es / step * step;
   std::vector<gpu::Binding> bindings = weight_bindings(w);
-  bindings.resize(5);
-  const auto& p = ctx.pipelines().get(out_dtype == DType::f16 ? kernels::nf4_f16 : kernels::nf4, {w.double_quant ? 1u : 0u});
+  const bool f16 = out_dtype == DType::f16;
+  bindings.resize(f16 ? 6 : 5);
+  // The block beside W: its source rows as one binding (or any readable buffer when there is none).
+  Bound ext{w.packed, 0};
+  const bool has_ext = beside && beside->rows > 0;
+  if (has_ext && beside->valid_rows > 0 && beside->cols > 0)
+    ext = bind_elements(ctx, beside->src, beside->src_first,
+                        uint64_t(beside->valid_rows - 1) * beside->src_ld + beside->cols);
+  if (f16) bindings[5] = {ext.buffer, gpu::Access::read};
+  const uint64_t ext_halves = has_ext ? uint64_t(beside->rows) * beside->width : 0;
+  const auto& p = ctx.pipelines().get(f16 ? kernels::nf4_f16 : kernels::nf4, {w.double_quant ? 1u : 0u});
   for (uint64_t first = 0; first < n; first += chunk) {
     const uint64_t count = std::min(chunk, n - first);
     bindings[4] = {out_ld == w.cols ? out.slice(first * es, count * es) : out.slice(0, span * es), gpu::Access::write};
-    const uint64_t groups = (count + 8 * 256 - 1) / (8 * 256);
+    const uint64_t groups = (count + ext_halves + 8 * 256 - 1) / (8 * 256);
     const uint32_t gx = static_cast<uint32_t>(std::min<uint64_t>(groups, 65535));
     const uint32_t gy = static_cast<uint32_t>((groups + gx - 1) / gx);
     DequantPush push{static_cast<uint32_t>(first), static_cast<uint32_t>(count), gx,
                      w.double_quant ? w.absmax_offset : 0.0f, w.cols, out_ld};
+    if (has_ext) {
+      push.ext_rows = beside->rows, push.ext_width = beside->width;
+      push.ext_at = static_cast<uint32_t>(beside->dst_first);
+      push.ext_src_off = ext.offset, push.ext_src_ld = beside->src_ld;
+      push.ext_valid_rows = beside->valid_rows, push.ext_cols = beside->cols, push.ext_scale = beside->scale;
+    }
     ctx.dispatch(p, bindings, push, gx, gy, 1, "nf4_dequantize");
   }
 }

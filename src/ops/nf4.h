@@ -40,6 +40,20 @@ struct Nf4Weight {
 Nf4Weight upload_nf4(gpu::Context& ctx, const quant::Nf4Tensor& t);
 void free_nf4(gpu::Context& ctx, Nf4Weight& w);
 
+// A block written beside the weight by the same dispatch (fp16 with a row stride only): rows x
+// width halves from half dst_first of the output (at its row stride), = fp16(scale * src) (round
+// to nearest even) for the first valid_rows rows and cols columns of src (fp32, row stride src_ld,
+// from element src_first), 0 elsewhere: ops::to_f16_block's block, for the LoRA factor a folded
+// product takes beside W (width and dst_first multiples of 8).
+struct Nf4Beside {
+  gpu::Buffer src;
+  uint64_t src_first = 0;
+  uint32_t src_ld = 0;
+  uint64_t dst_first = 0;
+  uint32_t rows = 0, width = 0, valid_rows = 0, cols = 0;
+  float scale = 1.0f;
+};
+
 // out [rows, cols] = dequant(W): fp32 bit-identical to quant::nf4_dequantize (tests, merges), or
 // fp16 rounded to nearest even (mixed precision dequantises a layer's weight into a scratch
 // buffer and multiplies with the dense cooperative-matrix GEMM; rows x cols a multiple of 8).
@@ -47,7 +61,7 @@ void free_nf4(gpu::Context& ctx, Nf4Weight& w);
 // row r goes to elements [r * out_ld, r * out_ld + cols) of out, leaving columns beside each row
 // for another operand (cols and out_ld multiples of 8; the whole output within one binding).
 void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& out, DType out_dtype = DType::f32,
-                    uint32_t out_ld = 0);
+                    uint32_t out_ld = 0, const Nf4Beside* beside = nullptr);
 
 // The kernel `automatic` resolves to on this device for `operands`: scalar for f32; coopmat, or
 // scalar (rounding to fp16) where there is none, for f16.

@@ -270,6 +270,67 @@ TEST_F(Nf4GpuTest, DequantizeToF16WithARowStrideLeavesTheGapsAlone) {
   ctx().free(out);
 }
 
+// The LoRA factor written beside W by the same dispatch (ops::Nf4Beside): scale * B in the
+// columns right of each row (the forward's [W | s B]) and A's rows below W with zero rows up to
+// the fold (the backward's [W ; A]), from a source at an offset with its own row stride; what the
+// block does not cover keeps its old values.
+TEST_F(Nf4GpuTest, DequantizeToF16WritesTheBlockBesideW) {
+  struct Case {
+    uint32_t rows, cols, ld;  // W and the output's row stride
+    bool below;               // A's rows below W, else B's columns beside it
+    uint32_t r;               // the factor's rank (valid rows or columns)
+  };
+  const Case cases[] = {{96, 72, 136, false, 5}, {40, 264, 272, true, 3}, {17, 8, 24, false, 16}, {24, 16, 24, true, 8}};
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  for (const Case& k : cases) {
+    SCOPED_TRACE(std::to_string(k.rows) + "x" + std::to_string(k.cols) + (k.below ? " A below" : " B beside"));
+    const quant::Nf4Tensor t = quant::nf4_quantize(random_weight(k.rows, k.cols, 9), {k.rows, k.cols}, {true, 0});
+    const std::vector<float> w = quant::nf4_dequantize(t);
+    const uint32_t fold = k.below ? 8 : k.ld - k.cols;  // zero-padded rows / columns up to this
+    const uint32_t src_ld = k.below ? k.cols + 3 : k.r + 1, src_rows = k.below ? k.r : k.rows;
+    const uint32_t src_first = 5;
+    std::vector<float> src(src_first + size_t(src_rows) * src_ld);
+    for (float& x : src) x = u(rng);
+    ops::Nf4Beside beside;
+    beside.src = ctx().alloc(src.size() * 4);
+    ctx().upload(beside.src, src);
+    beside.src_first = src_first, beside.src_ld = src_ld, beside.scale = k.below ? 1.0f : 0.75f;
+    if (k.below) {
+      beside.dst_first = uint64_t(k.rows) * k.ld, beside.rows = fold, beside.width = k.cols;
+      beside.valid_rows = k.r, beside.cols = k.cols;
+    } else {
+      beside.dst_first = k.cols, beside.rows = k.rows, beside.width = fold, beside.valid_rows = k.rows, beside.cols = k.r;
+    }
+    const uint32_t out_rows = k.rows + (k.below ? fold : 0);
+    ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
+    const uint16_t sentinel = 0x7e00;
+    std::vector<uint16_t> init(size_t(out_rows) * k.ld + 16, sentinel);
+    gpu::Buffer out = ctx().alloc(init.size() * 2);
+    ctx().upload(out, init);
+    ops::nf4_dequantize(ctx(), gw, out, DType::f16, k.ld, &beside);
+    const std::vector<uint16_t> got = ctx().download<uint16_t>(out, init.size());
+    ops::free_nf4(ctx(), gw);
+    for (const gpu::Buffer& b : {out, beside.src}) ctx().free(b);
+    size_t bad = 0;
+    for (size_t e = 0; e < got.size(); ++e) {
+      const size_t r = e / k.ld, c = e % k.ld;
+      uint16_t expect = sentinel;
+      if (r < k.rows && c < k.cols) {
+        expect = io::float_to_f16(w[r * k.cols + c]);
+      } else if (!k.below && r < k.rows && c < k.cols + fold) {  // scale * B[r][c - cols], then zeros
+        const size_t j = c - k.cols;
+        expect = io::float_to_f16(j < k.r ? beside.scale * src[src_first + r * src_ld + j] : 0.0f);
+      } else if (k.below && r >= k.rows && r < out_rows && c < k.cols) {  // A[r - rows][c], then zero rows
+        const size_t i = r - k.rows;
+        expect = io::float_to_f16(i < k.r ? src[src_first + i * src_ld + c] : 0.0f);
+      }
+      if (got[e] != expect && bad++ < 5) ADD_FAILURE() << "element " << e << ": " << got[e] << ", want " << expect;
+    }
+    EXPECT_EQ(bad, 0u);
+  }
+}
+
 TEST_F(Nf4GpuTest, DequantizeToF16RejectsSizesNotAMultipleOf8) {
   const quant::Nf4Tensor t = quant::nf4_quantize(random_weight(7, 9, 1), {7, 9}, {false, 0});
   ops::Nf4Weight gw = ops::upload_nf4(ctx(), t);
