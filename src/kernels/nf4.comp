@@ -23,6 +23,8 @@
 
 layout(local_size_x = 256) in;
 layout(constant_id = 0) const uint NF4_DQ = 0;
+// nf4_f16: packed words per invocation.
+layout(constant_id = 1) const uint WORDS = 4;
 
 layout(push_constant) uniform Nf4Push {
   uint first;   // first element of this dispatch (multiple of 8)
@@ -52,41 +54,59 @@ layout(set = 0, binding = 5) readonly buffer Ext { float ext_src[]; };  // fp32 
 layout(set = 0, binding = 4) writeonly buffer Out { float dst[]; };
 #endif
 
-void main() {
-  if (gl_LocalInvocationIndex < 16u) nf4_lut[gl_LocalInvocationIndex] = NF4_CODE[gl_LocalInvocationIndex];
-  barrier();
-  const uint t = gl_WorkGroupID.y * pc.groups_x * 256u + gl_WorkGroupID.x * 256u + gl_LocalInvocationIndex;
-  const uint local = t * 8u;  // element offset inside this dispatch
 #ifdef OUT_F16
-  if (local >= pc.count) {
-    // The block beside W: chunk x of 8 halves.
-    const uint per_row = pc.ext_width / 8u, x = (local - pc.count) / 8u;
-    if (x >= pc.ext_rows * per_row) return;
-    const uint r = x / per_row, c0 = (x % per_row) * 8u;
-    float e[8];
-    [[unroll]] for (uint i = 0; i < 8u; ++i)
-      e[i] = r < pc.ext_valid_rows && c0 + i < pc.ext_cols
-                 ? pc.ext_scale * ext_src[pc.ext_src_off + r * pc.ext_src_ld + c0 + i] : 0.0;
-    uint h[4];
-    [[unroll]] for (uint i = 0; i < 4u; ++i)
-      h[i] = packHalf2x16(vec2(round_to_f16(e[2u * i]), round_to_f16(e[2u * i + 1u])));
-    dst[(pc.ext_at + r * pc.ld + c0) >> 3] = uvec4(h[0], h[1], h[2], h[3]);
-    return;
-  }
-#else
-  if (local >= pc.count) return;
-#endif
-  const uint e0 = pc.first + local;
+// Word w of this dispatch (8 elements from pc.first + 8 w) decoded, rounded and stored.
+void dequantize_word(uint w) {
+  const uint local = w * 8u, e0 = pc.first + local;
   float v[8];
   nf4_decode_word(e0 >> 3, nf4_block_absmax(e0 >> 6), v);
-#ifdef OUT_F16
   uint u[4];
   // rounded first (integer RNE), so packHalf2x16 converts exactly whatever its rounding mode
   [[unroll]] for (uint i = 0; i < 4u; ++i)
     u[i] = packHalf2x16(vec2(round_to_f16(v[2u * i]), round_to_f16(v[2u * i + 1u])));
   const uint o = pc.ld == pc.cols ? local : (e0 / pc.cols) * pc.ld + e0 % pc.cols;  // strided: bound from 0
   dst[o >> 3] = uvec4(u[0], u[1], u[2], u[3]);
+}
+
+// Chunk x (8 halves) of the block beside W.
+void beside_chunk(uint x) {
+  const uint per_row = pc.ext_width / 8u;
+  if (x >= pc.ext_rows * per_row) return;
+  const uint r = x / per_row, c0 = (x % per_row) * 8u;
+  float e[8];
+  [[unroll]] for (uint i = 0; i < 8u; ++i)
+    e[i] = r < pc.ext_valid_rows && c0 + i < pc.ext_cols
+               ? pc.ext_scale * ext_src[pc.ext_src_off + r * pc.ext_src_ld + c0 + i] : 0.0;
+  uint h[4];
+  [[unroll]] for (uint i = 0; i < 4u; ++i)
+    h[i] = packHalf2x16(vec2(round_to_f16(e[2u * i]), round_to_f16(e[2u * i + 1u])));
+  dst[(pc.ext_at + r * pc.ld + c0) >> 3] = uvec4(h[0], h[1], h[2], h[3]);
+}
+#endif
+
+void main() {
+  if (gl_LocalInvocationIndex < 16u) nf4_lut[gl_LocalInvocationIndex] = NF4_CODE[gl_LocalInvocationIndex];
+  barrier();
+#ifdef OUT_F16
+  // WORDS words per invocation, each pass a workgroup-wide contiguous run (loads and stores stay
+  // coalesced, and each invocation has several loads in flight); the workgroups after the
+  // weight's write the block beside it, one chunk per invocation.
+  const uint wg = gl_WorkGroupID.y * pc.groups_x + gl_WorkGroupID.x;
+  const uint words = pc.count / 8u, weight_groups = (words + 256u * WORDS - 1u) / (256u * WORDS);
+  if (wg < weight_groups) {
+    [[unroll]] for (uint j = 0; j < WORDS; ++j) {
+      const uint w = wg * 256u * WORDS + j * 256u + gl_LocalInvocationIndex;
+      if (w < words) dequantize_word(w);
+    }
+  } else {
+    beside_chunk((wg - weight_groups) * 256u + gl_LocalInvocationIndex);
+  }
 #else
+  const uint t = gl_WorkGroupID.y * pc.groups_x * 256u + gl_WorkGroupID.x * 256u + gl_LocalInvocationIndex;
+  const uint local = t * 8u;  // element offset inside this dispatch
+  if (local >= pc.count) return;
+  float v[8];
+  nf4_decode_word((pc.first + local) >> 3, nf4_block_absmax((pc.first + local) >> 6), v);
   [[unroll]] for (uint i = 0; i < 8u; ++i)
     if (local + i < pc.count) dst[local + i] = v[i];
 #endif

@@ -13,6 +13,9 @@ namespace forja::ops {
 namespace {
 
 // Must match Nf4Push in kernels/nf4.comp.
+// nf4_f16's packed words per invocation (kernels/nf4.comp).
+constexpr uint32_t kDequantWords = 4;
+
 struct DequantPush {
   uint32_t first, count, groups_x;
   float absmax_offset;
@@ -236,11 +239,13 @@ void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& ou
                         uint64_t(beside->valid_rows - 1) * beside->src_ld + beside->cols);
   if (f16) bindings[5] = {ext.buffer, gpu::Access::read};
   const uint64_t ext_halves = has_ext ? uint64_t(beside->rows) * beside->width : 0;
-  const auto& p = ctx.pipelines().get(f16 ? kernels::nf4_f16 : kernels::nf4, {w.double_quant ? 1u : 0u});
+  const auto& p = ctx.pipelines().get(f16 ? kernels::nf4_f16 : kernels::nf4, {w.double_quant ? 1u : 0u, kDequantWords});
   for (uint64_t first = 0; first < n; first += chunk) {
     const uint64_t count = std::min(chunk, n - first);
     bindings[4] = {out_ld == w.cols ? out.slice(first * es, count * es) : out.slice(0, span * es), gpu::Access::write};
-    const uint64_t groups = (count + ext_halves + 8 * 256 - 1) / (8 * 256);
+    // nf4_f16: kDequantWords words per invocation, then one 8-half chunk of the block beside W each.
+    const uint64_t groups = f16 ? (count / 8 + 256 * kDequantWords - 1) / (256 * kDequantWords) + (ext_halves / 8 + 255) / 256
+                                : (count + 8 * 256 - 1) / (8 * 256);
     const uint32_t gx = static_cast<uint32_t>(std::min<uint64_t>(groups, 65535));
     const uint32_t gy = static_cast<uint32_t>((groups + gx - 1) / gx);
     DequantPush push{static_cast<uint32_t>(first), static_cast<uint32_t>(count), gx,
