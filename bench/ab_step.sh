@@ -7,7 +7,7 @@
 # writes $OUT/train.jsonl (one line per run, "binary" added: before or after) and
 # $OUT/peer.jsonl, and prints tokens/s per run. AB_SHAPES (BATCHxSEQ[:ckpt], space-separated;
 # default "1x2048:ckpt 8x2048:ckpt") picks the shapes, each for forja and the peer; AB_ROUNDS
-# (default 2) how many before/after pairs each shape gets.
+# (default 2) how many before/after pairs each shape gets; AB_BINARIES=after runs only .dist/forja.
 set -o pipefail
 source bench/device_env.sh
 OUT=${OUT:?run through the device tool, which sets OUT}
@@ -17,7 +17,7 @@ for shape in "${shapes[@]}"; do
   bs=${shape%%:*} batch=${bs%x*} seq=${bs#*x}
   ckpt=off; [ "${shape#*:}" = ckpt ] && ckpt=on
   steps="--steps 6 --warmup 2"; [ $((batch * seq)) -gt 8192 ] && steps="--steps 3 --warmup 1"
-  for bin in $(for _ in $(seq ${AB_ROUNDS:-2}); do echo before after; done); do
+  for bin in $(for _ in $(seq ${AB_ROUNDS:-2}); do echo ${AB_BINARIES:-before after}; done); do
     f=.dist/forja; [ $bin = before ] && f=.dist/forja-before
     timeout 120 $f bench $B --batch $batch --seq-len $seq --grad-checkpointing $ckpt $steps 2>/dev/null |
       sed "s/^{/{\"binary\":\"$bin\",/" >> $OUT/train.jsonl
