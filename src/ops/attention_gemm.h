@@ -53,8 +53,8 @@ struct AttentionGemmOptions {
   // The backward as two fused kernels (kernels/flash_backward_khr.comp: dq per query tile; dk and
   // dv together per key tile, summing a kv head's query heads; P recomputed from lse in registers)
   // where attention_fused_forward_supported says so (the same device features): on an H100 the
-  // backward 1.15 ms against 1.89 for the GEMM path's (S 2048, 32/8 heads x 128; separate dk and
-  // dv kernels took 1.39), docs/benchmarks.md. FORJA_NO_FUSED_ATTENTION_BACKWARD=1 turns it off
+  // backward 0.94 ms against 1.89 for the GEMM path's (B 1, S 2048, 32/8 heads x 128, with the
+  // dk/dv split below; 1.16 without it, 1.39 with separate dk and dv kernels), docs/benchmarks.md. FORJA_NO_FUSED_ATTENTION_BACKWARD=1 turns it off
   // in training.
   bool fused_backward = true;
   // Its workgroups: dq_warps subgroups of 16 query rows against tiles of dq_keys keys; kv_warps
