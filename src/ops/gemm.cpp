@@ -371,18 +371,23 @@ CoopTileSize gemm_coop_tile_size(const GemmShape& shape, uint32_t compute_units)
 }
 
 namespace {
+// A workgroup count from environment variable `name` (measuring knobs, read by their callers
+// once): nullopt when unset or empty; a UserError unless it is a number in [min, 2^20].
+std::optional<uint64_t> env_workgroups(const char* name, uint64_t min) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return std::nullopt;
+  char* end = nullptr;
+  const unsigned long n = std::strtoul(v, &end, 10);
+  if (*end || n < min || n > (1u << 20))
+    throw UserError(std::string(name) + "=" + v + " is not a workgroup count (" + std::to_string(min) +
+                    " to 1048576)");
+  return uint64_t{n};
+}
+
 // The workgroups a thin product's split aims for (gemm_split_k_slices); FORJA_SPLIT_K_THIN
 // overrides it, for measuring (read once).
 uint64_t thin_split_target() {
-  static const uint64_t target = [] {
-    const char* v = std::getenv("FORJA_SPLIT_K_THIN");
-    if (!v || !*v) return uint64_t{1024};
-    char* end = nullptr;
-    const unsigned long n = std::strtoul(v, &end, 10);
-    if (*end || n == 0 || n > (1u << 20))
-      throw UserError(std::string("FORJA_SPLIT_K_THIN=") + v + " is not a workgroup count (1 to 1048576)");
-    return uint64_t{n};
-  }();
+  static const uint64_t target = env_workgroups("FORJA_SPLIT_K_THIN", 1).value_or(1024);
   return target;
 }
 
@@ -394,15 +399,7 @@ uint64_t thin_split_target() {
 // towards N workgroups (slices of at least 512), for measuring; 0: never.
 constexpr uint32_t kNv2SplitMinK = 8192;
 std::optional<uint64_t> nv2_split_override() {
-  static const std::optional<uint64_t> target = []() -> std::optional<uint64_t> {
-    const char* v = std::getenv("FORJA_SPLIT_K_NV2");
-    if (!v || !*v) return std::nullopt;
-    char* end = nullptr;
-    const unsigned long n = std::strtoul(v, &end, 10);
-    if (*end || n > (1u << 20))
-      throw UserError(std::string("FORJA_SPLIT_K_NV2=") + v + " is not a workgroup count (0 to 1048576)");
-    return uint64_t{n};
-  }();
+  static const std::optional<uint64_t> target = env_workgroups("FORJA_SPLIT_K_NV2", 0);
   return target;
 }
 uint32_t nv2_split_k_slices(const GemmShape& s, const gpu::DeviceInfo& info) {
