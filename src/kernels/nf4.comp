@@ -25,6 +25,10 @@ layout(local_size_x = 256) in;
 layout(constant_id = 0) const uint NF4_DQ = 0;
 // nf4_f16: packed words per invocation.
 layout(constant_id = 1) const uint WORDS = 4;
+// nf4_f16: the WORDS words of an invocation are consecutive (one 16-byte load, 4 words, 32
+// elements in one block of 64 and one row) instead of a workgroup apart. The host sets it only
+// where first, count and cols are multiples of 32 and WORDS is 4.
+layout(constant_id = 2) const bool RUNS = false;
 
 layout(push_constant) uniform Nf4Push {
   uint first;   // first element of this dispatch (multiple of 8)
@@ -47,6 +51,7 @@ shared float nf4_lut[16];
 #include "nf4_common.glsl"
 
 #ifdef OUT_F16
+layout(set = 0, binding = NF4_PACKED_BINDING) readonly buffer Nf4Packed4 { uvec4 nf4_packed4[]; };
 #include "f16_round.glsl"
 layout(set = 0, binding = 4) writeonly buffer Out { uvec4 dst[]; };  // 8 halves per element
 layout(set = 0, binding = 5) readonly buffer Ext { float ext_src[]; };  // fp32 source of the block beside W
@@ -55,17 +60,38 @@ layout(set = 0, binding = 4) writeonly buffer Out { float dst[]; };
 #endif
 
 #ifdef OUT_F16
+// 8 values rounded to fp16 (round to nearest even first, so packHalf2x16 converts exactly
+// whatever its rounding mode), as one 16-byte store.
+uvec4 to_f16x8(const float v[8]) {
+  uint u[4];
+  [[unroll]] for (uint i = 0; i < 4u; ++i)
+    u[i] = packHalf2x16(vec2(round_to_f16(v[2u * i]), round_to_f16(v[2u * i + 1u])));
+  return uvec4(u[0], u[1], u[2], u[3]);
+}
+
+// Output element of dispatch element `local` (W[e0]): strided rows are bound from 0.
+uint out_at(uint local, uint e0) { return pc.ld == pc.cols ? local : (e0 / pc.cols) * pc.ld + e0 % pc.cols; }
+
 // Word w of this dispatch (8 elements from pc.first + 8 w) decoded, rounded and stored.
 void dequantize_word(uint w) {
   const uint local = w * 8u, e0 = pc.first + local;
   float v[8];
   nf4_decode_word(e0 >> 3, nf4_block_absmax(e0 >> 6), v);
-  uint u[4];
-  // rounded first (integer RNE), so packHalf2x16 converts exactly whatever its rounding mode
-  [[unroll]] for (uint i = 0; i < 4u; ++i)
-    u[i] = packHalf2x16(vec2(round_to_f16(v[2u * i]), round_to_f16(v[2u * i + 1u])));
-  const uint o = pc.ld == pc.cols ? local : (e0 / pc.cols) * pc.ld + e0 % pc.cols;  // strided: bound from 0
-  dst[o >> 3] = uvec4(u[0], u[1], u[2], u[3]);
+  dst[out_at(local, e0) >> 3] = to_f16x8(v);
+}
+
+// Words 4 r .. 4 r + 3 of this dispatch (32 elements from pc.first + 32 r: half a block, in one
+// row): one 16-byte load, one absmax, four 16-byte stores side by side.
+void dequantize_run(uint r) {
+  const uint local = r * 32u, e0 = pc.first + local;
+  const uvec4 words = nf4_packed4[e0 >> 5];
+  const float absmax = nf4_block_absmax(e0 >> 6);
+  const uint o = out_at(local, e0) >> 3;
+  [[unroll]] for (uint k = 0; k < 4u; ++k) {
+    float v[8];
+    nf4_decode_packed(words[k], absmax, v);
+    dst[o + k] = to_f16x8(v);
+  }
 }
 
 // Chunk x (8 halves) of the block beside W.
@@ -77,10 +103,7 @@ void beside_chunk(uint x) {
   [[unroll]] for (uint i = 0; i < 8u; ++i)
     e[i] = r < pc.ext_valid_rows && c0 + i < pc.ext_cols
                ? pc.ext_scale * ext_src[pc.ext_src_off + r * pc.ext_src_ld + c0 + i] : 0.0;
-  uint h[4];
-  [[unroll]] for (uint i = 0; i < 4u; ++i)
-    h[i] = packHalf2x16(vec2(round_to_f16(e[2u * i]), round_to_f16(e[2u * i + 1u])));
-  dst[(pc.ext_at + r * pc.ld + c0) >> 3] = uvec4(h[0], h[1], h[2], h[3]);
+  dst[(pc.ext_at + r * pc.ld + c0) >> 3] = to_f16x8(e);
 }
 #endif
 
@@ -93,7 +116,10 @@ void main() {
   // weight's write the block beside it, one chunk per invocation.
   const uint wg = gl_WorkGroupID.y * pc.groups_x + gl_WorkGroupID.x;
   const uint words = pc.count / 8u, weight_groups = (words + 256u * WORDS - 1u) / (256u * WORDS);
-  if (wg < weight_groups) {
+  if (wg < weight_groups && RUNS) {
+    const uint r = wg * 256u + gl_LocalInvocationIndex;
+    if (r < words / 4u) dequantize_run(r);
+  } else if (wg < weight_groups) {
     [[unroll]] for (uint j = 0; j < WORDS; ++j) {
       const uint w = wg * 256u * WORDS + j * 256u + gl_LocalInvocationIndex;
       if (w < words) dequantize_word(w);

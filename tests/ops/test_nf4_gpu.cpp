@@ -209,7 +209,9 @@ TEST_F(Nf4GpuTest, DequantizeUsesTheTensorsOwnAbsmaxTable) {
 }
 
 TEST_F(Nf4GpuTest, DequantizeToF16IsTheCpuValueRounded) {
-  const uint32_t shapes[][2] = {{96, 72}, {3, 1000}, {300, 100}, {256, 1100}, {1, 8}};
+  // Rows of a multiple of 32 take the kernel's four-word runs (one 16-byte load), the others four
+  // words a workgroup apart.
+  const uint32_t shapes[][2] = {{96, 72}, {3, 1000}, {300, 100}, {256, 1100}, {1, 8}, {64, 96}, {33, 2560}};
   for (bool dq : {false, true})
     for (const auto& shape : shapes) {
       const uint32_t rows = shape[0], cols = shape[1];
@@ -237,7 +239,7 @@ TEST_F(Nf4GpuTest, DequantizeToF16IsTheCpuValueRounded) {
 // With a row stride (room beside each row for a LoRA factor, model/transformer.cpp): each row
 // lands at r * ld, the columns between rows are left as they were.
 TEST_F(Nf4GpuTest, DequantizeToF16WithARowStrideLeavesTheGapsAlone) {
-  const uint32_t shapes[][3] = {{96, 72, 136}, {3, 1000, 1064}, {17, 8, 16}, {40, 264, 272}};
+  const uint32_t shapes[][3] = {{96, 72, 136}, {3, 1000, 1064}, {17, 8, 16}, {40, 264, 272}, {48, 160, 224}};
   for (const auto& shape : shapes) {
     const uint32_t rows = shape[0], cols = shape[1], ld = shape[2];
     SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " ld " + std::to_string(ld));
@@ -280,7 +282,8 @@ TEST_F(Nf4GpuTest, DequantizeToF16WritesTheBlockBesideW) {
     bool below;               // A's rows below W, else B's columns beside it
     uint32_t r;               // the factor's rank (valid rows or columns)
   };
-  const Case cases[] = {{96, 72, 136, false, 5}, {40, 264, 272, true, 3}, {17, 8, 24, false, 16}, {24, 16, 24, true, 8}};
+  const Case cases[] = {{96, 72, 136, false, 5}, {40, 264, 272, true, 3}, {17, 8, 24, false, 16}, {24, 16, 24, true, 8},
+                       {40, 256, 320, false, 16}, {24, 128, 136, true, 8}};
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   for (const Case& k : cases) {
