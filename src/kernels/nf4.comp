@@ -25,10 +25,6 @@ layout(local_size_x = 256) in;
 layout(constant_id = 0) const uint NF4_DQ = 0;
 // nf4_f16: packed words per invocation.
 layout(constant_id = 1) const uint WORDS = 4;
-// nf4_f16: the WORDS words of an invocation are consecutive (one 16-byte load, 4 words, 32
-// elements in one block of 64 and one row) instead of a workgroup apart. The host sets it only
-// where first, count and cols are multiples of 32 and WORDS is 4.
-layout(constant_id = 2) const bool RUNS = false;
 
 layout(push_constant) uniform Nf4Push {
   uint first;   // first element of this dispatch (multiple of 8)
@@ -51,7 +47,6 @@ shared float nf4_lut[16];
 #include "nf4_common.glsl"
 
 #ifdef OUT_F16
-layout(set = 0, binding = NF4_PACKED_BINDING) readonly buffer Nf4Packed4 { uvec4 nf4_packed4[]; };
 #include "f16_round.glsl"
 layout(set = 0, binding = 4) writeonly buffer Out { uvec4 dst[]; };  // 8 halves per element
 layout(set = 0, binding = 5) readonly buffer Ext { float ext_src[]; };  // fp32 source of the block beside W
@@ -80,20 +75,6 @@ void dequantize_word(uint w) {
   dst[out_at(local, e0) >> 3] = to_f16x8(v);
 }
 
-// Words 4 r .. 4 r + 3 of this dispatch (32 elements from pc.first + 32 r: half a block, in one
-// row): one 16-byte load, one absmax, four 16-byte stores side by side.
-void dequantize_run(uint r) {
-  const uint local = r * 32u, e0 = pc.first + local;
-  const uvec4 words = nf4_packed4[e0 >> 5];
-  const float absmax = nf4_block_absmax(e0 >> 6);
-  const uint o = out_at(local, e0) >> 3;
-  [[unroll]] for (uint k = 0; k < 4u; ++k) {
-    float v[8];
-    nf4_decode_packed(words[k], absmax, v);
-    dst[o + k] = to_f16x8(v);
-  }
-}
-
 // Chunk x (8 halves) of the block beside W.
 void beside_chunk(uint x) {
   const uint per_row = pc.ext_width / 8u;
@@ -116,10 +97,7 @@ void main() {
   // weight's write the block beside it, one chunk per invocation.
   const uint wg = gl_WorkGroupID.y * pc.groups_x + gl_WorkGroupID.x;
   const uint words = pc.count / 8u, weight_groups = (words + 256u * WORDS - 1u) / (256u * WORDS);
-  if (wg < weight_groups && RUNS) {
-    const uint r = wg * 256u + gl_LocalInvocationIndex;
-    if (r < words / 4u) dequantize_run(r);
-  } else if (wg < weight_groups) {
+  if (wg < weight_groups) {
     [[unroll]] for (uint j = 0; j < WORDS; ++j) {
       const uint w = wg * 256u * WORDS + j * 256u + gl_LocalInvocationIndex;
       if (w < words) dequantize_word(w);

@@ -55,12 +55,12 @@ float nf4_value(uint e) { return NF4_CODE[nf4_index(e)] * nf4_block_absmax(e >> 
 #endif
 
 // The 8 consecutive elements 8w .. 8w+7 (one packed word, always inside one block of 64),
-// given their block's absmax: v[i] is element 8w + i. nf4_decode_packed takes the word itself.
-void nf4_decode_packed(uint word, float absmax, out float v[8]) {
+// given their block's absmax. v[i] is element 8w + i.
+void nf4_decode_word(uint w, float absmax, out float v[8]) {
+  const uint word = nf4_packed[w];
   [[unroll]] for (uint j = 0; j < 4u; ++j) {
     const uint byte = (word >> (8u * j)) & 0xffu;
     v[2u * j] = NF4_CODE_AT(byte >> 4) * absmax;
     v[2u * j + 1u] = NF4_CODE_AT(byte & 0xfu) * absmax;
   }
 }
-void nf4_decode_word(uint w, float absmax, out float v[8]) { nf4_decode_packed(nf4_packed[w], absmax, v); }

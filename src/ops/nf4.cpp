@@ -1,41 +1,24 @@
 #include "ops/nf4.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/kernel_table.h"
 #include "ops/chunking.h"
-#include "util/error.h"
 
 namespace forja::ops {
 
 namespace {
 
-// How nf4_f16 spreads the packed words over invocations (kernels/nf4.comp's WORDS and RUNS):
-// four consecutive words (one 16-byte load) where the dispatch's elements and W's rows allow,
-// else four a workgroup apart. FORJA_NF4_DEQUANT=runs|strided|words (one word each) picks one,
-// for measuring (read once).
-struct DequantLayout {
-  uint32_t words;
-  bool runs;
-};
-DequantLayout dequant_layout() {
-  static const DequantLayout layout = [] {
-    const char* v = std::getenv("FORJA_NF4_DEQUANT");
-    const std::string s = v ? v : "";
-    if (s.empty() || s == "runs") return DequantLayout{4, true};
-    if (s == "strided") return DequantLayout{4, false};
-    if (s == "words") return DequantLayout{1, false};
-    throw UserError("FORJA_NF4_DEQUANT=" + s + " is not one of runs, strided, words");
-  }();
-  return layout;
-}
+// nf4_f16's packed words per invocation (kernels/nf4.comp), a workgroup apart. On an H100 four
+// of them against one took the Qwen3-4B 1x2048 step's dequantisation from 85.1 to 80.9 ms over
+// six steps; four consecutive ones (one 16-byte load, four 16-byte stores 64 bytes apart from
+// lane to lane) took 126.8 (docs/benchmarks.md, run 15).
+constexpr uint32_t kDequantWords = 4;
 
 // Must match Nf4Push in kernels/nf4.comp.
-
 struct DequantPush {
   uint32_t first, count, groups_x;
   float absmax_offset;
@@ -259,15 +242,12 @@ void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& ou
                         uint64_t(beside->valid_rows - 1) * beside->src_ld + beside->cols);
   if (f16) bindings[5] = {ext.buffer, gpu::Access::read};
   const uint64_t ext_halves = has_ext ? uint64_t(beside->rows) * beside->width : 0;
-  const DequantLayout layout = f16 ? dequant_layout() : DequantLayout{1, false};
+  const auto& p = ctx.pipelines().get(f16 ? kernels::nf4_f16 : kernels::nf4, {w.double_quant ? 1u : 0u, kDequantWords});
   for (uint64_t first = 0; first < n; first += chunk) {
     const uint64_t count = std::min(chunk, n - first);
-    const bool runs = layout.runs && first % 32 == 0 && count % 32 == 0 && w.cols % 32 == 0;
-    const auto& p = ctx.pipelines().get(f16 ? kernels::nf4_f16 : kernels::nf4,
-                                        {w.double_quant ? 1u : 0u, layout.words, runs ? 1u : 0u});
     bindings[4] = {out_ld == w.cols ? out.slice(first * es, count * es) : out.slice(0, span * es), gpu::Access::write};
-    // nf4_f16: layout.words words per invocation, then one 8-half chunk of the block beside W each.
-    const uint64_t groups = f16 ? (count / 8 + 256 * layout.words - 1) / (256 * layout.words) + (ext_halves / 8 + 255) / 256
+    // nf4_f16: kDequantWords words per invocation, then one 8-half chunk of the block beside W each.
+    const uint64_t groups = f16 ? (count / 8 + 256 * kDequantWords - 1) / (256 * kDequantWords) + (ext_halves / 8 + 255) / 256
                                 : (count + 8 * 256 - 1) / (8 * 256);
     const uint32_t gx = static_cast<uint32_t>(std::min<uint64_t>(groups, 65535));
     const uint32_t gy = static_cast<uint32_t>((groups + gx - 1) / gx);

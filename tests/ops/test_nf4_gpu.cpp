@@ -209,8 +209,6 @@ TEST_F(Nf4GpuTest, DequantizeUsesTheTensorsOwnAbsmaxTable) {
 }
 
 TEST_F(Nf4GpuTest, DequantizeToF16IsTheCpuValueRounded) {
-  // Rows of a multiple of 32 take the kernel's four-word runs (one 16-byte load), the others four
-  // words a workgroup apart.
   const uint32_t shapes[][2] = {{96, 72}, {3, 1000}, {300, 100}, {256, 1100}, {1, 8}, {64, 96}, {33, 2560}};
   for (bool dq : {false, true})
     for (const auto& shape : shapes) {
