@@ -12,20 +12,22 @@
 
 namespace forja::model {
 
-uint32_t dequantised_ld(uint32_t in) { return in + 64; }
+uint32_t dequantised_ld(uint32_t in, uint32_t fold) { return in + std::max<uint32_t>(fold, 64); }
 
-uint64_t dequantised_elements(uint64_t out, uint32_t in, uint64_t fold) {
-  return std::max((out + fold) * dequantised_ld(in), out * (in + fold));
+uint64_t dequantised_slot_bytes(uint64_t out, uint32_t in, uint32_t fold) {
+  constexpr uint64_t kAlign = 4096;
+  return ((out + fold) * dequantised_ld(in, fold) * 2 + kAlign - 1) / kAlign * kAlign;
 }
 
-uint64_t dequantised_scratch_elements(const ModelConfig& c, uint64_t fold) {
+uint64_t dequantised_scratch_bytes(const ModelConfig& c, uint32_t fold) {
   const uint64_t h = static_cast<uint64_t>(c.hidden_size), q = static_cast<uint64_t>(c.q_dim()),
                  kv = static_cast<uint64_t>(c.kv_dim()), in = static_cast<uint64_t>(c.intermediate_size);
-  uint64_t largest = 0;
-  // (out, in) of q, k/v, o, gate/up, down
-  for (auto [o, i] : {std::pair{q, h}, std::pair{kv, h}, std::pair{h, q}, std::pair{in, h}, std::pair{h, in}})
-    largest = std::max(largest, dequantised_elements(o, static_cast<uint32_t>(i), fold));
-  return largest;
+  uint64_t bytes = 0;
+  // (out, in) of q, k, v, o, gate, up, down
+  for (auto [o, i] : {std::pair{q, h}, std::pair{kv, h}, std::pair{kv, h}, std::pair{h, q}, std::pair{in, h},
+                      std::pair{in, h}, std::pair{h, in}})
+    bytes += dequantised_slot_bytes(o, static_cast<uint32_t>(i), fold);
+  return bytes;
 }
 
 std::vector<BlockTensor> block_tensors(const ModelConfig& c, int64_t lora_width) {

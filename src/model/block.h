@@ -38,17 +38,19 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& config, int64_t lora_w
 int64_t block_elements_per_token(const ModelConfig& config, int64_t lora_width, BlockRole role);
 
 // Mixed precision dequantises each NF4 projection W [out, in] to fp16 before its products, into
-// one scratch reused by all (model/transformer.cpp): forward [W | LoRA B] with K = in + fold,
-// backward [W ; LoRA A] with fold rows below W, at the row stride dequantised_ld(in) = in + 64.
-// A stride of a multiple of 1024 halves (Qwen3-4B's o_proj, every 4096-wide Llama projection)
-// made the backward's dx = dy W read W's [K, N] tiles at 41-95 TFLOP/s on an H100 instead of
-// 229-314 (docs/benchmarks.md); 64 halves of padding per row take the rows off the same cache
-// sets. Every width is padded alike, so the small test models run the same path.
-uint32_t dequantised_ld(uint32_t in);
-// The scratch's fp16 elements for one projection [out, in], the larger of its two layouts (fold:
-// the LoRA rank rounded up to 64, 0 without LoRA), and for `config`'s largest projection.
-uint64_t dequantised_elements(uint64_t out, uint32_t in, uint64_t fold);
-uint64_t dequantised_scratch_elements(const ModelConfig& config, uint64_t fold);
+// a slot per projection kind (model/transformer.cpp) laid out as both folds read it: rows
+// [W | s B ; A | 0], the forward taking [W | s B] with K = in + fold and the backward [W ; A]
+// with K = out + fold (fold: the LoRA rank rounded up to 64, 0 without LoRA), at the row stride
+// dequantised_ld(in, fold) = in + max(fold, 64). A stride of a multiple of 1024 halves (Qwen3-4B's
+// o_proj, every 4096-wide Llama projection) made the backward's dx = dy W read W's [K, N] tiles
+// at 41-95 TFLOP/s on an H100 instead of 229-314 (docs/benchmarks.md); 64 halves of padding per
+// row take the rows off the same cache sets. Every width is padded alike, so the small test
+// models run the same path.
+uint32_t dequantised_ld(uint32_t in, uint32_t fold);
+// A projection's slot in bytes (rounded up to 4 KiB, so that every slot starts aligned for a
+// binding), and the slots of `config`'s seven projections together.
+uint64_t dequantised_slot_bytes(uint64_t out, uint32_t in, uint32_t fold);
+uint64_t dequantised_scratch_bytes(const ModelConfig& config, uint32_t fold);
 
 // The saved tensors of one layer as buffers (fp32; shapes for T tokens).
 struct BlockActs {

@@ -101,9 +101,9 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
       s.nf4 && s.dense_weight_bytes == 2 && plan.lora_parameters > 0 ? (static_cast<std::uint64_t>(s.lora_rank) + 63) / 64 * 64 : 0;
   if (s.nf4 && s.dense_weight_bytes == 2) {
     // Mixed precision (16-bit dense weights) dequantises each NF4 projection to fp16 before its
-    // product, into one scratch of the largest projection (model/transformer.h, Nf4Products).
-    plan.parts.push_back({"NF4 weight dequantised (fp16)", 2 * dequantised_scratch_elements(c, fold),
-                          "one projection at a time"});
+    // product, into a slot per projection kind (model/transformer.h, DequantSlot).
+    plan.parts.push_back({"NF4 weights dequantised (fp16)", dequantised_scratch_bytes(c, static_cast<uint32_t>(fold)),
+                          "one slot per projection kind, shared by the layers"});
   }
   if (s.dense_weight_bytes == 2) {
     // Mixed precision rounds each base product's input into one fp16 copy (model/transformer.h).

@@ -136,11 +136,25 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   if (lora_f16_ && dequantize && input_copies) lora_pad_ = (static_cast<uint32_t>(lora.settings().rank) + 63) / 64 * 64;
   const uint64_t P = lora_pad_;
   if (dequantize) {
-    uint64_t largest = 0;  // fp16 elements: W, with room for the LoRA factor beside or below it
+    // A slot per projection kind, for its largest layer: W with room for the LoRA factors beside
+    // and below it (DequantSlot).
+    std::array<uint64_t, 7> bytes{};
     for (const BaseLayer& layer : base.layers)
-      for (const BaseLinear& lin : layer.linears)
-        if (lin.nf4) largest = std::max(largest, dequantised_elements(lin.out, lin.in, P));
-    if (largest > 0) nf4_scratch_ = alloc((largest * 2 + 3) / 4 * 4, "nf4 dequantised weight (fp16)");
+      for (size_t k = 0; k < bytes.size(); ++k)
+        if (const BaseLinear& lin = layer.linears[k]; lin.nf4)
+          bytes[k] = std::max(bytes[k], dequantised_slot_bytes(lin.out, lin.in, static_cast<uint32_t>(P)));
+    uint64_t total = 0;
+    for (uint64_t b : bytes) total += b;
+    if (total > 0) {
+      nf4_scratch_ = alloc(total, "nf4 dequantised weights (fp16)");
+      // The zero rows below A (the backward fold's K padding) are never written after this.
+      ctx_.fill(nf4_scratch_, 0);
+      uint64_t at = 0;
+      for (size_t k = 0; k < bytes.size(); ++k) {
+        if (bytes[k] > 0) dequant_slots_[k].buffer = nf4_scratch_.slice(at, bytes[k]);
+        at += bytes[k];
+      }
+    }
   }
   if (input_copies) {
     uint64_t widest = 0;
@@ -220,13 +234,44 @@ bool attention_keeps_fp16_qk(gpu::Context& ctx, const ModelConfig& c, uint32_t b
                                           static_cast<uint32_t>(c.num_kv_heads), static_cast<uint32_t>(c.head_dim), o);
 }
 
-MatrixView Transformer::base_fp16(const BaseLinear& lin) {
+MatrixView Transformer::base_fp16(size_t layer, LinearKind kind, const BaseLinear& lin) {
   if (!lin.nf4) return MatrixView{lin.dense, lin.dense_dtype, 0, lin.in};
-  // The scratch is reused by every product; the context orders this write after the previous
-  // product's reads (the bindings' access flags).
-  const uint32_t ld = dequantised_ld(lin.in);
-  ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16, ld);
-  return MatrixView{nf4_scratch_, DType::f16, 0, ld};
+  return dequantised(layer, kind, lin, FoldSide::none);
+}
+
+MatrixView Transformer::dequantised(size_t layer, LinearKind kind, const BaseLinear& lin, FoldSide fold,
+                                    const LoraSlot* s) {
+  DequantSlot& slot = dequant_slots_[static_cast<int>(kind)];
+  const uint32_t P = lora_pad_, ld = dequantised_ld(lin.in, P);
+  const int64_t l = static_cast<int64_t>(layer);
+  const bool have_w = slot.layer == l;
+  // Each slot is reused by its kind's products in every layer; the context orders these writes
+  // after the previous product's reads (the bindings' access flags).
+  if (fold == FoldSide::forward) {
+    // [W | scale B]: W and scale B beside it in one dispatch, or scale B alone
+    if (!have_w) {
+      const ops::Nf4Beside scaled_b{lora_.params(), s->b_offset, s->rank, lin.in, lin.out, P, lin.out, s->rank, lora_.scale()};
+      ops::nf4_dequantize(ctx_, *lin.nf4, slot.buffer, DType::f16, ld, &scaled_b);
+    } else if (slot.scaled_b_layer != l || slot.scaled_b_run != run_count_) {
+      ops::to_f16_block(ctx_, lora_.params(), s->b_offset, s->rank, slot.buffer, lin.in, ld, lin.out, s->rank, P,
+                        lora_.scale());
+    }
+    slot.scaled_b_layer = l, slot.scaled_b_run = run_count_;
+  } else if (fold == FoldSide::backward) {
+    // [W ; A]: A's rows below W, and zero rows up to P (those the initial fill left and only
+    // the dequantisation's block rewrites, with zeros)
+    const uint64_t below = uint64_t(lin.out) * ld;
+    if (!have_w) {
+      const ops::Nf4Beside a_rows{lora_.params(), s->a_offset, lin.in, below, P, lin.in, s->rank, lin.in, 1.0f};
+      ops::nf4_dequantize(ctx_, *lin.nf4, slot.buffer, DType::f16, ld, &a_rows);
+    } else {
+      ops::to_f16_block(ctx_, lora_.params(), s->a_offset, lin.in, slot.buffer, below, ld, s->rank, lin.in, lin.in);
+    }
+  } else if (!have_w) {
+    ops::nf4_dequantize(ctx_, *lin.nf4, slot.buffer, DType::f16, ld);
+  }
+  slot.layer = l;
+  return MatrixView{slot.buffer, DType::f16, 0, ld};
 }
 
 int Transformer::range_site(size_t layer, LinearKind kind) {
@@ -371,11 +416,9 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
       ops::gemm(ctx_, lora_product({T, r, lin.in, false, true}, "lora_xa"), xin, lora_weight(slot->a_offset, lin.in),
                 lora_view(lora_t, kind), options_.base_kernel);
     ops::to_f16_block(ctx_, lora_t, lora_column_[static_cast<int>(kind)], lora_width_, xin.buffer, lin.in, K, T, r, P);
-    // W and scale B beside it in one dispatch
-    const ops::Nf4Beside scaled_b{lora_.params(), slot->b_offset, r, lin.in, lin.out, P, lin.out, r, lora_.scale()};
-    ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16, K, &scaled_b);
-    ops::gemm(ctx_, GemmShape{T, lin.out, K, false, true, 1.0f, beta}, xin, MatrixView{nf4_scratch_, DType::f16, 0, K},
-              MatrixView{y, DType::f32, 0, lin.out}, options_.base_kernel);
+    ops::gemm(ctx_, GemmShape{T, lin.out, K, false, true, 1.0f, beta}, xin,
+              dequantised(layer, kind, lin, FoldSide::forward, slot), MatrixView{y, DType::f32, 0, lin.out},
+              options_.base_kernel);
     if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
     return;
   }
@@ -386,7 +429,7 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
     ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {  // mixed: fp16 W, x rounded to fp16 as it is loaded
     ops::gemm(ctx_, GemmShape{T, lin.out, lin.in, false, true, 1.0f, beta},
-              base_input(x, lin.in, input16_ready, 0, range_site(layer, kind)), base_fp16(lin),
+              base_input(x, lin.in, input16_ready, 0, range_site(layer, kind)), base_fp16(layer, kind, lin),
               MatrixView{y, DType::f32, 0, lin.out}, options_.base_kernel);
   }
   if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
@@ -413,7 +456,8 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_dyw(ctx_, dy, *lin.nf4, dx, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {
-    ops::gemm(ctx_, GemmShape{T, lin.in, lin.out, false, false, 1.0f, beta}, base_input(dy, lin.out), base_fp16(lin),
+    ops::gemm(ctx_, GemmShape{T, lin.in, lin.out, false, false, 1.0f, beta}, base_input(dy, lin.out),
+              base_fp16(layer, kind, lin),
               MatrixView{dx, DType::f32, 0, lin.in}, options_.base_kernel);
   }
   if (!s) return;
@@ -462,11 +506,8 @@ void Transformer::linear_backward_folded(const BaseLinear& lin, const LoraSlot& 
   ops::to_f16_block(ctx_, grad_->dt, column, lora_width_, dt16_, column, lora_width_, T, r, r);
   // dx (=|+=) [dy | dt] [W ; A]: the LoRA part of dx inside the base product, K = out + P (dt and
   // A rounded to fp16, zero rows up to P).
-  const uint32_t ld = dequantised_ld(lin.in);
-  const uint64_t below = uint64_t(lin.out) * ld;  // W's rows: A's rows follow, in the same dispatch
-  const ops::Nf4Beside a_rows{lora_.params(), s.a_offset, lin.in, below, P, lin.in, r, lin.in, 1.0f};
-  ops::nf4_dequantize(ctx_, *lin.nf4, nf4_scratch_, DType::f16, ld, &a_rows);
-  ops::gemm(ctx_, GemmShape{T, lin.in, K, false, false, 1.0f, beta}, dy16, MatrixView{nf4_scratch_, DType::f16, 0, ld},
+  ops::gemm(ctx_, GemmShape{T, lin.in, K, false, false, 1.0f, beta}, dy16,
+            dequantised(static_cast<size_t>(s.layer), s.kind, lin, FoldSide::backward, &s),
             MatrixView{dx, DType::f32, 0, lin.in}, options_.base_kernel);
   if (grouped) return;  // dA for the group: lora_group_backward
   // dA += dt^T x                  [r, in]
@@ -720,6 +761,7 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
 
 void Transformer::run(const TokenBatch& batch, float inv_n, const gpu::Buffer& loss_sum, bool backward) {
   upload_batch(batch);
+  ++run_count_;  // the LoRA factors may have changed since the last run (DequantSlot)
   dropout_on_ = backward && lora_.settings().dropout > 0;
   if (dropout_on_) {
     if (!dropout_seed_fresh_)

@@ -130,8 +130,14 @@ class Transformer {
   void upload_batch(const TokenBatch& b);
   void layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer* x_out);
   void layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer& dx);
-  // The fp16 base weight of a product: the dense one, or the NF4 one dequantised into nf4_scratch_.
-  ops::MatrixView base_fp16(const BaseLinear& lin);
+  // The fp16 base weight of a product: the dense one, or the NF4 one dequantised into its slot.
+  ops::MatrixView base_fp16(size_t layer, LinearKind kind, const BaseLinear& lin);
+  // The NF4 weight of (layer, kind) in fp16 in its slot (DequantSlot), as the forward fold reads
+  // it (scale B beside W, rows [0, out)) or the backward fold ([W ; A], out + fold rows),
+  // dequantised unless the slot holds this layer's W already; the view's ld is the slot's.
+  enum class FoldSide { none, forward, backward };
+  ops::MatrixView dequantised(size_t layer, LinearKind kind, const BaseLinear& lin, FoldSide fold,
+                              const LoraSlot* s = nullptr);
   // A base product's input [T, cols]: x itself, or its fp16 copy in input16_ (mixed); ready: the
   // previous product had the same input, so input16_ holds its copy already.
   // extra: the copy's rows are cols + extra long, room for a LoRA factor beside x (lora_folds).
@@ -226,7 +232,21 @@ class Transformer {
   gpu::Buffer input16_source_;  // what input16_ holds a copy of (base_input), and its width
   uint32_t input16_cols_ = 0, input16_ld_ = 0;
   uint32_t lora_pad_ = 0;  // K columns a folded product gives its LoRA factor (rank rounded up); 0: none fold
-  gpu::Buffer nf4_scratch_;  // fp16 dequantised weight (TransformerOptions::Nf4Products::dequantized)
+  gpu::Buffer nf4_scratch_;  // fp16 dequantised weights (TransformerOptions::Nf4Products::dequantized)
+  // A projection kind's slot in nf4_scratch_ (model::dequantised_slot_bytes), and what it holds.
+  // The base is frozen, so W stays valid across runs; the LoRA blocks change with the optimizer
+  // step. With checkpointing, the recomputed forward's W (and at the last layer the first
+  // forward's) serves the backward of the same layer, which then writes only A's rows: one
+  // dequantisation fewer per projection and layer. Separate slots also let one projection's
+  // dequantisation run beside the previous projection's product.
+  struct DequantSlot {
+    gpu::Buffer buffer;            // a view of nf4_scratch_; invalid: no NF4 weight of this kind
+    int64_t layer = -1;            // whose W it holds
+    int64_t scaled_b_layer = -1;   // whose scale B is beside W (rows [0, out) past column in)
+    uint64_t scaled_b_run = 0;     // written in this run (run_count_)
+  };
+  std::array<DequantSlot, 7> dequant_slots_;
+  uint64_t run_count_ = 0;
   float lora_grad_scale_ = 1.0f;                 // factor of the LoRA gradient products (run)
   // TransformerOptions::LoraProducts resolved: fp16 operands. lora16_: fp16 copy of the LoRA
   // parameters (made at the start of run); t16_: fp16 copy of the layer's t (layer_backward).

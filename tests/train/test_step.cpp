@@ -4,7 +4,9 @@
 //   zero) every adapter's A and B receive a non-zero gradient;
 // - a step waits for the GPU once (issue 14: no host sync inside a step but the loss and norm
 //   read at its end), whatever its number of micro-batches, and accumulating micro-batches gives
-//   the loss of the same tokens in one.
+//   the loss of the same tokens in one;
+// - a mixed-precision engine, which keeps dequantised weights between products and runs, runs
+//   with the LoRA factors of each run.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -13,6 +15,7 @@
 #include "model/base_weights.h"
 #include "model/config.h"
 #include "model/lora.h"
+#include "model/precision.h"
 #include "model/transformer.h"
 #include "support/gpu_fixture.h"
 #include "train/example.h"
@@ -149,6 +152,48 @@ TEST_F(TrainStep, WaitsForTheGpuOnceWhateverItsMicroBatches) {
   ctx().finish();
   const double a = train::step(engine, split).loss, b = train::step(engine, one).loss;
   EXPECT_NEAR(a, b, 1e-5 * std::abs(b)) << "accumulated micro-batches against one batch";
+}
+
+// Mixed precision keeps each projection kind's dequantised NF4 weight in a slot and reuses it
+// while the slot holds that layer's W (Transformer::DequantSlot), with the LoRA blocks beside and
+// below it, which change with every optimizer step. A run after the factors change gives the loss
+// and gradients a fresh engine gives, with checkpointing (whose backward takes W from the
+// recomputation) and without.
+TEST_F(TrainStep, MixedEngineRunsWithEachRunsFactors) {
+  const io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(dir_);
+  model::BaseWeightOptions bo;
+  bo.dense_dtype = ops::DType::f16;
+  model::BaseWeights base = model::load_base_weights(ctx(), ck, config_, bo);
+  const model::TokenBatch b = random_batch(2, 12, 7);
+  model::TransformerOptions options;
+  options.precision = model::Precision::mixed;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  auto randomise = [&] {
+    std::vector<float> p(lora_->parameter_count());
+    for (float& x : p) x = normal(rng);
+    ctx().upload(lora_->params(), p);
+  };
+  auto run = [&](model::Transformer& tf) {
+    lora_->zero_grads();
+    ctx().fill(loss_sum_, 0);
+    tf.run(b, 1.0f / float(b.target_count()), loss_sum_, true);
+    return std::pair{ctx().download<float>(loss_sum_, 1)[0], ctx().download<float>(lora_->grads(), lora_->parameter_count())};
+  };
+  for (bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "checkpointing" : "no checkpointing");
+    randomise();
+    model::Transformer tf(ctx(), base, *lora_, b.batch, b.seq, checkpointing, options);
+    const auto first = run(tf);
+    randomise();
+    const auto second = run(tf);
+    model::Transformer fresh(ctx(), base, *lora_, b.batch, b.seq, checkpointing, options);
+    const auto want = run(fresh);
+    EXPECT_NE(first.first, want.first);  // the new factors change the loss
+    EXPECT_EQ(second.first, want.first);
+    EXPECT_EQ(second.second, want.second);
+  }
+  model::free_base_weights(ctx(), base);
 }
 
 }  // namespace
