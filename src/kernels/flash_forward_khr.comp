@@ -111,8 +111,7 @@ uint next_tile(uint j, uint tiles, uint sbase, int qlo, int qhi, out int klo, ou
 
 // The prefetch: this invocation's chunks of a key tile's k and v rows, PER of each.
 const uint PER = (BC * CH + NT - 1u) / NT;
-uvec4 pk[PER], pv[PER];
-void fetch(uint k0, uint k_first, uint v_first, uint ld) {
+void fetch(uint k0, uint k_first, uint v_first, uint ld, out uvec4 pk[PER], out uvec4 pv[PER]) {
   UNROLL for (uint i = 0u; i < PER; ++i) {
     const uint x = gl_LocalInvocationIndex + i * NT, r = x / CH, c = x % CH;
     const bool inside = x < BC * CH && k0 + r < pc.seq;
@@ -120,7 +119,7 @@ void fetch(uint k0, uint k_first, uint v_first, uint ld) {
     pv[i] = inside ? v8[(v_first + (k0 + r) * ld) / 8u + c] : uvec4(0u);
   }
 }
-void put() {
+void put(const uvec4 pk[PER], const uvec4 pv[PER]) {
   UNROLL for (uint i = 0u; i < PER; ++i) {
     const uint x = gl_LocalInvocationIndex + i * NT, r = x / CH, c = x % CH;
     if (x < BC * CH) {
@@ -162,19 +161,29 @@ void main() {
 
   const uint q_end = min(pc.seq, q0 + BR);
   const uint tiles = (q_end + BC - 1u) / BC;
-  int klo, khi;
-  bool kgap;
-  uint j = next_tile(0u, tiles, sbase, qlo, qhi, klo, khi, kgap);
-  if (PREFETCH && j < tiles) fetch(j * BC, k_first, v_first, nkv * d);
-  // Without the prefetch the next tile is found after this one's products (the loop's step), as
-  // before the prefetch existed: finding it before them, between the barriers, puts its segment
-  // reads on every tile's critical path (H100, B 1: 0.413 ms against 0.349).
-  for (; j < tiles; j = PREFETCH ? j : next_tile(j + 1u, tiles, sbase, qlo, qhi, klo, khi, kgap)) {
+  // With the prefetch, jn is the next visible tile (its segment range in nlo, nhi, ngap), whose
+  // loads are in flight. Without it, each tile's visibility is decided at its turn, in a loop
+  // counted by j alone: the H100 ran that 8-15% faster than a loop stepping to the next visible
+  // tile (B 1: 0.349 against 0.404 ms; docs/benchmarks.md, run 15).
+  int nlo, nhi;
+  bool ngap;
+  uvec4 pk[PER], pv[PER];
+  uint jn = PREFETCH ? next_tile(0u, tiles, sbase, qlo, qhi, nlo, nhi, ngap) : 0u;
+  if (PREFETCH && jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
+  for (uint j = 0u; j < tiles; ++j) {
     const uint k0 = j * BC;
-    const bool full = !qgap && !kgap && qlo == qhi && klo == khi && qlo == klo && k0 + BC <= qw + 1u;
+    int klo, khi;
+    bool kgap;
+    if (PREFETCH) {
+      if (j != jn) continue;
+      klo = nlo, khi = nhi, kgap = ngap;
+    } else {
+      segment_range(sbase, k0, BC, klo, khi, kgap);
+      if (khi < qlo || klo > qhi) continue;  // no visible pair (the same decision in every subgroup)
+    }
     barrier();  // every subgroup is done with the previous tile
     if (PREFETCH) {
-      put();
+      put(pk, pv);
     } else {
       STAGE(k8, 0u, k0, BC, k_first, nkv * d);
       STAGE(v8, KV_SIZE, k0, BC, v_first, nkv * d);
@@ -184,10 +193,11 @@ void main() {
     // With the prefetch, the next visible tile's loads go out now and land while this one is
     // computed.
     if (PREFETCH) {
-      j = next_tile(j + 1u, tiles, sbase, qlo, qhi, klo, khi, kgap);
-      if (j < tiles) fetch(j * BC, k_first, v_first, nkv * d);
+      jn = next_tile(j + 1u, tiles, sbase, qlo, qhi, nlo, nhi, ngap);
+      if (jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
     }
     if (k0 > qw + 15u) continue;  // past this subgroup's last row
+    const bool full = !qgap && !kgap && qlo == qhi && klo == khi && qlo == klo && k0 + BC <= qw + 1u;
 
     // S = Q K^T: K is staged [key][d], so K^T is its column-major reading.
     FRAG_C s[NF];
