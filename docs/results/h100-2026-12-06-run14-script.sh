@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran 2026-12-06 ~16:15 UTC (sixth session) as run 14, on main 37ed3c1 (fbb69b7 plus docs and the env_workgroups refactor).
 # Run 14 (2026-12-06, fifth session): .dist/forja at fbb69b7 (dk/dv split, NV2 split-K, the LoRA
 # factor beside W in the dequantisation, four words per dequantising invocation). What the
 # session's last device time allowed, most important first: the new kernels' tests, the step at
