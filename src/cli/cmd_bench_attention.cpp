@@ -275,7 +275,7 @@ int run(const AttnBenchOptions& o) {
 }
 
 // A subcommand of `bench`, which cmd_bench_train.cpp registers (order 80, set up before this).
-forja::cli::CommandRegistration reg{"bench-attention", 82, [](CLI::App& app) {
+forja::cli::CommandRegistration bench_attention_registration{"bench-attention", 82, [](CLI::App& app) {
   CLI::App* bench = app.get_subcommand("bench");
   auto* cmd = bench->add_subcommand("attention", "Causal attention forward/backward throughput (TFLOP/s) "
                                                  "of flash, gemm and tiled");

@@ -157,7 +157,7 @@ double run_one(forja::gpu::Context& ctx, const BenchSize& s, const Variant& v, i
 }
 
 // A subcommand of `bench`, which cmd_bench_train.cpp registers (order 80, set up before this).
-forja::cli::CommandRegistration reg{"bench-gemm", 81, [](CLI::App& app) {
+forja::cli::CommandRegistration bench_gemm_registration{"bench-gemm", 81, [](CLI::App& app) {
   CLI::App* bench = app.get_subcommand("bench");
   auto* cmd = bench->add_subcommand("gemm", "GEMM throughput of each kernel variant (TFLOP/s)");
   struct Opts {

@@ -276,7 +276,7 @@ int run_bench(BenchOptions o) {
   return 0;
 }
 
-forja::cli::CommandRegistration reg{"bench", 80, [](CLI::App& app) {
+forja::cli::CommandRegistration bench_train_registration{"bench", 80, [](CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "bench", "Training speed on a random model of a known shape (forja bench --shape tiny ...); "
                "forja bench gemm: GEMM kernels");

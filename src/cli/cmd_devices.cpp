@@ -12,7 +12,7 @@
 
 namespace {
 
-forja::cli::CommandRegistration reg{"devices", 10, [](CLI::App& app) {
+forja::cli::CommandRegistration devices_registration{"devices", 10, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("devices", "List Vulkan devices, their capabilities, and which forja would use");
   auto device = std::make_shared<int>(-1);
   cmd->add_option("--device", *device, "Device index to mark as chosen (default: FORJA_DEVICE, else automatic)");

@@ -155,7 +155,7 @@ int run_eval(const EvalArgs& a) {
   return 0;
 }
 
-forja::cli::CommandRegistration reg{
+forja::cli::CommandRegistration eval_registration{
     "eval", 61, [](CLI::App& app) {
       auto* cmd = app.add_subcommand("eval", "Mean loss and perplexity of a model (+ adapter) on a dataset");
       auto a = std::make_shared<EvalArgs>();

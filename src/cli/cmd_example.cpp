@@ -26,7 +26,7 @@ struct ExampleArgs {
   int device = -1;
 };
 
-forja::cli::CommandRegistration reg{"example", 5, [](CLI::App& app) {
+forja::cli::CommandRegistration example_registration{"example", 5, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("example", "Make a tiny model and chat dataset, and fine-tune it (a one-minute demo)");
   auto args = std::make_shared<ExampleArgs>();
   cmd->add_option("--out", args->out, "where the model, data and run go")->capture_default_str();

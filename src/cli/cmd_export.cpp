@@ -14,7 +14,7 @@ namespace {
 
 using namespace forja;
 
-forja::cli::CommandRegistration reg{"export", 65, [](CLI::App& app) {
+forja::cli::CommandRegistration export_registration{"export", 65, [](CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "export", "Write an adapter or a model (with an adapter merged in) as GGUF for llama.cpp");
   auto o = std::make_shared<model::GgufExportOptions>();

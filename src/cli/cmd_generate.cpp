@@ -231,7 +231,7 @@ int run_generate(const GenerateArgs& a) {
   return 0;
 }
 
-forja::cli::CommandRegistration reg{
+forja::cli::CommandRegistration generate_registration{
     "generate", 60, [](CLI::App& app) {
       auto* cmd = app.add_subcommand("generate", "Generate text with a model and optionally a LoRA adapter");
       auto a = std::make_shared<GenerateArgs>();

@@ -44,12 +44,6 @@ const char* rope_name(model::RopeType t) {
   return "?";
 }
 
-std::string shape_text(const std::vector<std::int64_t>& s) {
-  std::string r = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 // Compares checkpoint headers with the tensors the config implies. Returns a one-line summary.
 std::string check_checkpoint(const std::filesystem::path& dir, const model::ModelConfig& c) {
   std::error_code ec;
@@ -63,7 +57,7 @@ std::string check_checkpoint(const std::filesystem::path& dir, const model::Mode
       const std::vector<std::int64_t> shape = model::bnb4_weight_shape(ck, t.name);
       if (shape != t.shape)
         throw UserError(dir.string() + ": bitsandbytes weight '" + t.name + "' has shape " +
-                        shape_text(shape) + " but config.json implies " + shape_text(t.shape) +
+                        io::shape_text(shape) + " but config.json implies " + io::shape_text(t.shape) +
                         "; the weights and config.json belong to different models");
       dtypes["NF4 (bitsandbytes)"]++;
       continue;
@@ -76,7 +70,7 @@ std::string check_checkpoint(const std::filesystem::path& dir, const model::Mode
           "weights and config.json belong to different models or the download is incomplete");
     if (info->shape != t.shape)
       throw UserError(dir.string() + ": tensor '" + t.name + "' has shape " +
-                      shape_text(info->shape) + " but config.json implies " + shape_text(t.shape) +
+                      io::shape_text(info->shape) + " but config.json implies " + io::shape_text(t.shape) +
                       "; the weights and config.json belong to different models");
     dtypes[io::dtype_name(info->dtype)]++;
   }
@@ -89,7 +83,7 @@ std::string check_checkpoint(const std::filesystem::path& dir, const model::Mode
   return summary;
 }
 
-forja::cli::CommandRegistration reg{
+forja::cli::CommandRegistration inspect_registration{
     "inspect", 30, [](CLI::App& app) {
       auto* cmd = app.add_subcommand(
           "inspect", "Show a model's architecture, sizes and the GPU memory a QLoRA run needs");

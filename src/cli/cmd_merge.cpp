@@ -14,7 +14,7 @@ namespace {
 
 using namespace forja;
 
-forja::cli::CommandRegistration reg{"merge", 60, [](CLI::App& app) {
+forja::cli::CommandRegistration merge_registration{"merge", 60, [](CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "merge", "Merge a LoRA adapter into its base model and write a Hugging Face checkpoint");
   auto opts = std::make_shared<model::MergeOptions>();

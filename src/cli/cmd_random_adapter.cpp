@@ -62,7 +62,7 @@ int run_random_adapter(const RandomAdapterArgs& a) {
   return 0;
 }
 
-forja::cli::CommandRegistration reg{"random-adapter", 99, [](CLI::App& app) {
+forja::cli::CommandRegistration random_adapter_registration{"random-adapter", 99, [](CLI::App& app) {
                                       auto* cmd = app.add_subcommand(
                                           "random-adapter", "Write a random LoRA adapter with non-zero B (tests)");
                                       cmd->group("");  // hidden from --help: a testing aid

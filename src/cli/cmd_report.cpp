@@ -40,7 +40,7 @@ int run_report(const ReportArgs& a) {
   return 0;
 }
 
-forja::cli::CommandRegistration reg{"report", 15, [](CLI::App& app) {
+forja::cli::CommandRegistration report_registration{"report", 15, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("report", "Rebuild a run's report.html, or compare several runs on one page");
   auto a = std::make_shared<ReportArgs>();
   cmd->add_option("runs", a->runs, "Run directories (forja train's --out)")->required();

@@ -119,7 +119,7 @@ int run_tokenize(const TokenizeArgs& a) {
   return 0;
 }
 
-forja::cli::CommandRegistration reg{"tokenize", 40, [](CLI::App& app) {
+forja::cli::CommandRegistration tokenize_registration{"tokenize", 40, [](CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "tokenize", "Tokenize a dataset and report what training will see (no GPU needed)");
   auto a = std::make_shared<TokenizeArgs>();

@@ -10,7 +10,7 @@
 
 namespace {
 
-forja::cli::CommandRegistration reg{"train", 10, [](CLI::App& app) {
+forja::cli::CommandRegistration train_registration{"train", 10, [](CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Fine-tune a LoRA adapter on a model (QLoRA by default)");
   cmd->footer("Every setting can also be given in --config FILE (YAML, same names without the dashes); flags win.");
   auto config_file = std::make_shared<std::string>();

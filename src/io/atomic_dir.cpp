@@ -13,18 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "io/atomic_file.h"
 #include "util/error.h"
 
 namespace forja::io {
 namespace {
-
-void sync_directory(const std::filesystem::path& dir) {
-  const std::string d = dir.empty() ? std::string(".") : dir.string();
-  int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // some filesystems do not allow opening directories
-  ::fsync(fd);
-  ::close(fd);
-}
 
 // A fresh directory "<base><suffix>XXXXXX" next to `base` (mkdtemp), returned as its path.
 std::filesystem::path make_unique_dir(const std::filesystem::path& base, const char* suffix,

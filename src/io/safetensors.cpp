@@ -32,12 +32,6 @@ constexpr const char* kCorruptFix =
   throw UserError(file + ": " + problem + kCorruptFix);
 }
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 std::optional<Dtype> dtype_from_name(std::string_view name) {
   if (name == "F32") return Dtype::F32;
   if (name == "F16") return Dtype::F16;
@@ -133,6 +127,12 @@ std::size_t dtype_size(Dtype dtype) {
 
 bool is_float_dtype(Dtype dtype) {
   return dtype == Dtype::F32 || dtype == Dtype::F16 || dtype == Dtype::BF16;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
 }
 
 const char* dtype_name(Dtype dtype) {

@@ -28,6 +28,8 @@ enum class Dtype : std::uint8_t { F32, F16, BF16, U8, I8 };
 std::size_t dtype_size(Dtype dtype);  // bytes per element: 4, 2, 2, 1, 1
 const char* dtype_name(Dtype dtype);  // "F32", "F16", "BF16", "U8", "I8" as spelled in headers
 bool is_float_dtype(Dtype dtype);     // F32, F16, BF16
+// A shape as messages print it: "[4, 64]".
+std::string shape_text(const std::vector<std::int64_t>& shape);
 
 // The largest header the reference reader accepts (ST-RS MAX_HEADER_SIZE).
 inline constexpr std::uint64_t kMaxHeaderSize = 100'000'000;

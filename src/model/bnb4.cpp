@@ -17,12 +17,6 @@ constexpr const char* kUse16Bit =
     "give forja the model's 16-bit release instead (e.g. Qwen/Qwen3-0.6B rather than a "
     "...-bnb-4bit or ...-8bit repository): it quantises to NF4 itself";
 
-std::string shape_text(const std::vector<std::int64_t>& s) {
-  std::string r = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 // A stored companion tensor of a bnb weight, checked for presence and dtype.
 io::TensorView companion(const io::SafetensorsCheckpoint& ck, const std::string& weight,
                          const std::string& suffix, io::Dtype dtype) {
@@ -185,8 +179,8 @@ quant::Nf4Tensor read_bnb4_weight(const io::SafetensorsCheckpoint& ck, const std
   const std::string file = ck.path_of(weight).string();
   if (qs.shape != expected)
     throw UserError(file + ": bitsandbytes weight '" + weight + "' has shape " +
-                    shape_text(qs.shape) + " (its quant state) but config.json implies " +
-                    shape_text(expected) + "; the weights and config.json belong to different models");
+                    io::shape_text(qs.shape) + " (its quant state) but config.json implies " +
+                    io::shape_text(expected) + "; the weights and config.json belong to different models");
   std::int64_t n = 1;
   for (std::int64_t d : qs.shape) n *= d;
 
@@ -195,7 +189,7 @@ quant::Nf4Tensor read_bnb4_weight(const io::SafetensorsCheckpoint& ck, const std
   if (packed.bytes().size() != static_cast<std::size_t>((n + 1) / 2))
     throw UserError(file + ": bitsandbytes weight '" + weight + "' holds " +
                     std::to_string(packed.bytes().size()) + " bytes but shape " +
-                    shape_text(qs.shape) + " packs into " + std::to_string((n + 1) / 2) +
+                    io::shape_text(qs.shape) + " packs into " + std::to_string((n + 1) / 2) +
                     "; the checkpoint is damaged: re-download it");
 
   // The code table must be NF4's: the kernels decode with those 16 values.
@@ -226,7 +220,7 @@ quant::Nf4Tensor read_bnb4_weight(const io::SafetensorsCheckpoint& ck, const std
     const std::vector<float> absmax = floats_of(companion(ck, weight, ".absmax", io::Dtype::F32));
     if (static_cast<std::int64_t>(absmax.size()) != stored_blocks)
       throw UserError(file + ": tensor '" + weight + ".absmax' has " +
-                      std::to_string(absmax.size()) + " values but " + shape_text(qs.shape) +
+                      std::to_string(absmax.size()) + " values but " + io::shape_text(qs.shape) +
                       " in blocks of " + std::to_string(qs.blocksize) + " needs " +
                       std::to_string(stored_blocks) + "; the checkpoint is damaged: re-download it");
     t.absmax.resize(static_cast<std::size_t>(blocks));
@@ -248,7 +242,7 @@ quant::Nf4Tensor read_bnb4_weight(const io::SafetensorsCheckpoint& ck, const std
     throw UserError(file + ": bitsandbytes weight '" + weight + "' has " +
                     std::to_string(codes.numel()) + " absmax codes and " +
                     std::to_string(nested.size()) + " nested absmax values, but " +
-                    shape_text(qs.shape) + " in blocks of " + std::to_string(qs.blocksize) +
+                    io::shape_text(qs.shape) + " in blocks of " + std::to_string(qs.blocksize) +
                     " (nested " + std::to_string(qs.nested_blocksize) + ") needs " +
                     std::to_string(stored_blocks) + " and " + std::to_string(nested_blocks) +
                     "; the checkpoint is damaged: re-download it");

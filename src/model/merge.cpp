@@ -126,12 +126,6 @@ void parallel_ranges(std::int64_t n, int threads,
     if (e) std::rethrow_exception(e);
 }
 
-std::string shape_text(const std::vector<std::int64_t>& s) {
-  std::string r = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 // One tensor of the output and where it comes from.
 struct OutputTensor {
   const io::TensorInfo* source = nullptr;
@@ -284,8 +278,8 @@ MergeSummary merge_adapter(const MergeOptions& o) {
       const std::vector<std::int64_t> want = {t.out_features, t.in_features};
       if (it->second.source->shape != want)
         throw UserError(o.model_dir.string() + ": tensor '" + name + "' has shape " +
-                        shape_text(it->second.source->shape) + " but config.json (and the "
-                        "adapter) imply " + shape_text(want) +
+                        io::shape_text(it->second.source->shape) + " but config.json (and the "
+                        "adapter) imply " + io::shape_text(want) +
                         "; the weights and config.json belong to different models");
       it->second.target = &t;
       it->second.layer = layer;

@@ -26,8 +26,8 @@ struct AdamwPush {
 static_assert(kernels::push_block_matches<AdamwPush>(kernels::adamw),
               "AdamwPush differs from kernels/adamw.comp's push-constant block");
 
-constexpr uint32_t kThreads = 256;
-constexpr uint32_t kMaxGroups = 4096;  // the kernel's grid-stride loop covers the rest
+constexpr uint32_t kAdamwThreads = 256;
+constexpr uint32_t kAdamwMaxGroups = 4096;  // the kernel's grid-stride loop covers the rest
 
 }  // namespace
 
@@ -66,7 +66,7 @@ void adamw_step(gpu::Context& ctx, const gpu::Buffer& param, const gpu::Buffer& 
   for (uint64_t start = 0; start < n; start += chunk) {
     const uint64_t len = std::min(chunk, n - start);
     push.n = static_cast<uint32_t>(len);
-    const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((len + kThreads - 1) / kThreads, kMaxGroups));
+    const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((len + kAdamwThreads - 1) / kAdamwThreads, kAdamwMaxGroups));
     ctx.dispatch(pipe,
                  {{param.slice(start * 4, len * 4), gpu::Access::read_write},
                   {grad.slice(start * 4, len * 4), gpu::Access::read},

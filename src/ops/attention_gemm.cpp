@@ -33,8 +33,8 @@ struct RowPush {
 static_assert(kernels::push_block_matches<RowPush>(kernels::attn_gemm_softmax, kernels::attn_gemm_softmax_bwd),
               "RowPush differs from kernels/attention_gemm.comp's push-constant block");
 
-constexpr uint32_t kThreads = 128;  // local_size_x of the kernels
-constexpr uint32_t kMaxGroups = 65535;
+constexpr uint32_t kPackThreads = 128;  // local_size_x of the kernels
+constexpr uint32_t kMaxGroupsX = 65535;
 
 uint32_t round_up8(uint32_t n) { return (n + 7u) / 8u * 8u; }
 
@@ -50,8 +50,8 @@ void check(const gpu::Context& ctx, const char* op, const Dims& m, const Attenti
                                 "sequence length or use --precision fp32");
 }
 
-uint32_t grid(uint64_t items) {
-  return static_cast<uint32_t>(std::clamp<uint64_t>((items + kThreads - 1) / kThreads, 1, kMaxGroups));
+uint32_t pack_grid(uint64_t items) {
+  return static_cast<uint32_t>(std::clamp<uint64_t>((items + kPackThreads - 1) / kPackThreads, 1, kMaxGroupsX));
 }
 
 // fp16 [n_src * rep, S, d] copy of one sequence of src (fp32 [B*S, n_src, d]).
@@ -64,7 +64,7 @@ void pack(gpu::Context& ctx, const gpu::Buffer& src, uint32_t b, uint32_t n_src,
   const uint32_t pairs = static_cast<uint32_t>((halves + 1) / 2);
   const PackPush push{m.seq, n_src, rep, m.d, bs.offset, 2 * bd.offset, pairs};
   ctx.dispatch(ctx.pipelines().get(kernels::attn_gemm_pack),
-               {{bs.buffer, gpu::Access::read}, {bd.buffer, gpu::Access::write}}, push, grid(pairs), 1, 1,
+               {{bs.buffer, gpu::Access::read}, {bd.buffer, gpu::Access::write}}, push, pack_grid(pairs), 1, 1,
                "attention_gemm_pack");
 }
 
@@ -75,7 +75,7 @@ void sum_heads(gpu::Context& ctx, const gpu::Buffer& src, uint32_t b, const Dims
   const uint32_t count = static_cast<uint32_t>(m.kv_seq());
   const PackPush push{m.seq, m.nkv, m.rep(), m.d, bs.offset, bd.offset, count};
   ctx.dispatch(ctx.pipelines().get(kernels::attn_gemm_sum_heads),
-               {{bs.buffer, gpu::Access::read}, {bd.buffer, gpu::Access::write}}, push, grid(count), 1, 1,
+               {{bs.buffer, gpu::Access::read}, {bd.buffer, gpu::Access::write}}, push, pack_grid(count), 1, 1,
                "attention_gemm_sum_heads");
 }
 
@@ -271,7 +271,7 @@ void row_dot(gpu::Context& ctx, const Dims& m, uint32_t nb, const Bound& out, co
   const RowDotPush push{rows, m.nh, m.d, m.seq, out.offset, dout.offset, drow.offset};
   ctx.dispatch(ctx.pipelines().get(kernels::attention_row_dot),
                {{out.buffer, gpu::Access::read}, {dout.buffer, gpu::Access::read}, {drow.buffer, gpu::Access::write}},
-               push, static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t(rows) + 7) / 8, 1, kMaxGroups)), 1, 1,
+               push, static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t(rows) + 7) / 8, 1, kMaxGroupsX)), 1, 1,
                "attention_row_dot", 2.0 * rows * m.d);
 }
 
@@ -400,7 +400,7 @@ uint32_t attention_gemm_chunk_rows(uint32_t seq, uint32_t n_heads, const Attenti
   const uint64_t row_bytes = uint64_t(n_heads) * round_up8(seq) * 4;
   uint64_t rows = std::max<uint64_t>(budget / row_bytes, 1);
   if (rows >= 16) rows = rows / 16 * 16;  // whole 16-row tiles of the matrix-core kernels
-  return static_cast<uint32_t>(std::min<uint64_t>({rows, seq, kMaxGroups}));
+  return static_cast<uint32_t>(std::min<uint64_t>({rows, seq, kMaxGroupsX}));
 }
 
 uint64_t attention_gemm_scratch_bytes(uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t chunk_rows) {

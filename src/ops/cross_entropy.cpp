@@ -18,8 +18,8 @@ struct CePush {
 static_assert(kernels::push_block_matches<CePush>(kernels::ce_stats, kernels::ce_loss, kernels::ce_grad, kernels::ce_grad_f16, kernels::ce_to_f16),
               "CePush differs from kernels/cross_entropy.comp's push-constant block");
 
-constexpr uint32_t kThreads = 256;
-constexpr uint32_t kMaxGroups = 4096;  // grid-stride loops cover the rest
+constexpr uint32_t kCeThreads = 256;
+constexpr uint32_t kCeMaxGroups = 4096;  // grid-stride loops cover the rest
 // Cap on the [Tb, Vc] logits scratch: 1024 rows of an 8192-wide chunk, GEMMs of
 // 1024 x 8192 x H, large enough to fill a big GPU, small next to the model's activations.
 constexpr uint64_t kMaxLogitsBytes = 32ull << 20;
@@ -41,8 +41,8 @@ uint32_t rows_per_block(uint64_t tokens, uint64_t hidden, uint32_t vc, uint64_t 
   return static_cast<uint32_t>(std::min<uint64_t>({tokens, cap / row_bytes, 65535}));
 }
 
-uint32_t grid(uint64_t n) {
-  return static_cast<uint32_t>(std::clamp<uint64_t>((n + kThreads - 1) / kThreads, 1, kMaxGroups));
+uint32_t ce_grid(uint64_t n) {
+  return static_cast<uint32_t>(std::clamp<uint64_t>((n + kCeThreads - 1) / kCeThreads, 1, kCeMaxGroups));
 }
 
 }  // namespace
@@ -84,7 +84,7 @@ void lm_head_cross_entropy(gpu::Context& ctx, const gpu::Buffer& x, const gpu::B
       const uint32_t n = static_cast<uint32_t>(rows * H);
       const auto& p = ctx.pipelines().get(kernels::ce_to_f16);
       ctx.dispatch(p, {{bx.buffer, gpu::Access::read}, {x_h, gpu::Access::write}},
-                   CePush{0, 0, 0, 0, 0, 0, 0, n, bx.offset}, grid((n + 1) / 2), 1, 1, "ce_to_f16");
+                   CePush{0, 0, 0, 0, 0, 0, 0, n, bx.offset}, ce_grid((n + 1) / 2), 1, 1, "ce_to_f16");
       xa = {x_h, DType::f16, 0, hidden};
     }
     // logits [rows, vcur] = x_rows W[v0 : v0 + vcur]^T
@@ -125,12 +125,12 @@ void lm_head_cross_entropy(gpu::Context& ctx, const gpu::Buffer& x, const gpu::B
                       {bt.buffer, gpu::Access::read},
                       {stats, gpu::Access::read},
                       {dlogits_h, gpu::Access::write}},
-                     push, grid((n + 1) / 2), 1, 1, "ce_grad");
+                     push, ce_grid((n + 1) / 2), 1, 1, "ce_grad");
         da = {dlogits_h, DType::f16, 0, vcur};
       } else {
         const auto& p = ctx.pipelines().get(kernels::ce_grad);
         ctx.dispatch(p, {{lg, gpu::Access::read_write}, {bt.buffer, gpu::Access::read}, {stats, gpu::Access::read}},
-                     push, grid(n), 1, 1, "ce_grad");
+                     push, ce_grid(n), 1, 1, "ce_grad");
       }
       // dx_rows (+)= inv_n dlogits W[v0 : v0 + vcur]: [rows, vcur] x [vcur, H]
       GemmShape s;

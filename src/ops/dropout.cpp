@@ -25,8 +25,8 @@ struct DropoutPush {
 static_assert(kernels::push_block_matches<DropoutPush>(kernels::dropout),
               "DropoutPush differs from kernels/dropout.comp's push-constant block");
 
-constexpr uint32_t kThreads = 256;
-constexpr uint32_t kMaxGroups = 4096;  // the kernel's grid-stride loop covers the rest
+constexpr uint32_t kDropoutThreads = 256;
+constexpr uint32_t kDropoutMaxGroups = 4096;  // the kernel's grid-stride loop covers the rest
 
 }  // namespace
 
@@ -69,7 +69,7 @@ void dropout_apply(gpu::Context& ctx, const DropoutParams& d, const gpu::Buffer&
                            d.scale,
                            accumulate ? 1u : 0u};
     const uint64_t elems = uint64_t(nr) * cols;
-    const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((elems + kThreads - 1) / kThreads, kMaxGroups));
+    const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((elems + kDropoutThreads - 1) / kDropoutThreads, kDropoutMaxGroups));
     ctx.dispatch(p, {{xw.view, gpu::Access::read}, {yw.view, accumulate ? gpu::Access::read_write : gpu::Access::write}},
                  push, groups, 1, 1, op, double(elems));
     r0 += nr;

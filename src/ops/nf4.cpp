@@ -89,7 +89,7 @@ gpu::Buffer bind_range(const gpu::Context& ctx, const gpu::Buffer& b, uint64_t f
   return b.slice(begin, first + bytes - begin);
 }
 
-bool coopmat_available(const gpu::Context& ctx) {
+bool nf4_coopmat_available(const gpu::Context& ctx) {
   return ctx.info().nv_coopmat_f16_f32_16x16x16 && kernels::nf4_gemm_nvcm.built &&
          !gpu::env_flag("FORJA_NO_COOPMAT");
 }
@@ -109,7 +109,7 @@ void fused_gemm(gpu::Context& ctx, const gpu::Buffer& a, const Nf4Weight& w, con
       kernel == GemmKernel::scalar || kernel == GemmKernel::scalar_t64 || kernel == GemmKernel::scalar_t128;
   if (!scalar && operands != DType::f16)
     throw std::logic_error(std::string(op) + ": the cooperative-matrix kernel takes fp16 operands");
-  if (kernel == GemmKernel::coopmat && !coopmat_available(ctx))
+  if (kernel == GemmKernel::coopmat && !nf4_coopmat_available(ctx))
     throw std::logic_error(std::string(op) + ": the cooperative-matrix kernel is not available on this device");
 
   const uint64_t align = offset_alignment(ctx);
@@ -264,7 +264,7 @@ void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& ou
 }
 
 GemmKernel nf4_gemm_kernel_for(const gpu::Context& ctx, DType operands) {
-  return operands == DType::f16 && coopmat_available(ctx) ? GemmKernel::coopmat : GemmKernel::scalar;
+  return operands == DType::f16 && nf4_coopmat_available(ctx) ? GemmKernel::coopmat : GemmKernel::scalar;
 }
 
 void nf4_gemm_xwt(gpu::Context& ctx, const gpu::Buffer& x, const Nf4Weight& w, const gpu::Buffer& y, uint32_t m,

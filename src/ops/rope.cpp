@@ -20,8 +20,8 @@ struct RopePush {
 static_assert(kernels::push_block_matches<RopePush>(kernels::rope),
               "RopePush differs from kernels/rope.comp's push-constant block");
 
-constexpr uint32_t kThreads = 256;
-constexpr uint32_t kMaxGroups = 65535;  // the kernel's grid-stride loop covers the rest
+constexpr uint32_t kRopeThreads = 256;
+constexpr uint32_t kRopeMaxGroups = 65535;  // the kernel's grid-stride loop covers the rest
 
 void rope_apply(gpu::Context& ctx, const char* op, float sign, const gpu::Buffer& x, const gpu::Buffer& positions,
                 const gpu::Buffer& inv_freq, uint32_t tokens, uint32_t heads, uint32_t head_dim) {
@@ -45,7 +45,7 @@ void rope_apply(gpu::Context& ctx, const char* op, float sign, const gpu::Buffer
     const Window pw = window(ctx, positions, t0 * 4, uint64_t(n) * 4);
     const RopePush push{n, heads, head_dim / 2, xw.first, pw.first, sign};
     const uint64_t pairs = uint64_t(n) * (head_dim / 2);
-    const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((pairs + kThreads - 1) / kThreads, kMaxGroups));
+    const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((pairs + kRopeThreads - 1) / kRopeThreads, kRopeMaxGroups));
     ctx.dispatch(p, {{xw.view, gpu::Access::read_write}, {pw.view, gpu::Access::read}, {freq, gpu::Access::read}}, push,
                  groups, 1, 1, op, 6.0 * double(n) * heads * head_dim / 2);
   }

@@ -37,7 +37,7 @@ std::string thousands(int64_t v) {
   return (v < 0 ? "-" : "") + out;
 }
 
-std::string duration(double s) {
+std::string report_duration(double s) {
   const auto t = int64_t(s + 0.5);
   char buf[48];
   if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh %02lldm", (long long)(t / 3600), (long long)(t / 60 % 60));
@@ -133,7 +133,7 @@ std::string figures_table(const std::vector<RunRecord>& runs) {
          last_or_dash(r, "loss", "%.4f") + "</td><td>" + last_or_dash(r, "eval_loss", "%.4f") + "</td><td>" +
          last_or_dash(r, "eval_ppl", "%.3f") + "</td><td>" + tps + "</td><td>" +
          (peak < 0 ? "–" : peak < 1 ? fmt("%.1f MiB", peak * 1024) : fmt("%.2f GiB", peak)) + "</td><td>" +
-         (elapsed.empty() ? "–" : duration(elapsed.back().second)) + "</td>";
+         (elapsed.empty() ? "–" : report_duration(elapsed.back().second)) + "</td>";
     if (!differing.empty()) {
       std::string d;
       for (const auto& k : differing)
@@ -273,7 +273,7 @@ window.addEventListener('error', function (e) {
 })();
 )";
 
-std::string utc_now() {
+std::string report_time() {
   const std::time_t t = std::time(nullptr);
   std::tm tm{};
   gmtime_r(&t, &tm);
@@ -306,7 +306,7 @@ std::string render_report(const std::vector<RunRecord>& runs_in) {
   if (live) o += "<meta http-equiv=\"refresh\" content=\"30\">\n";
   o += "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>" + html_escape(title) +
        "</title>\n<style>" + kStyle + "</style>\n</head>\n<body>\n";
-  o += "<header><h1>" + html_escape(title) + "</h1><p class=\"sub\">Written by forja at " + utc_now() + " from ";
+  o += "<header><h1>" + html_escape(title) + "</h1><p class=\"sub\">Written by forja at " + report_time() + " from ";
   for (size_t i = 0; i < runs.size(); ++i)
     o += (i ? ", " : "") + html_escape(fs::absolute(runs[i].dir).lexically_normal().string());
   o += "</p></header>\n";
