@@ -24,7 +24,7 @@ constexpr uint32_t kCeMaxGroups = 4096;  // grid-stride loops cover the rest
 // 1024 x 8192 x H, large enough to fill a big GPU, small next to the model's activations.
 constexpr uint64_t kMaxLogitsBytes = 32ull << 20;
 
-void check_buffer(const char* name, const gpu::Buffer& b, uint64_t bytes) {
+void ce_check_buffer(const char* name, const gpu::Buffer& b, uint64_t bytes) {
   if (b.size < bytes)
     throw std::invalid_argument(std::string("lm_head_cross_entropy: buffer '") + name + "' has " +
                                 std::to_string(b.size) + " bytes, the shape needs " + std::to_string(bytes));
@@ -54,11 +54,11 @@ void lm_head_cross_entropy(gpu::Context& ctx, const gpu::Buffer& x, const gpu::B
   if (hidden == 0 || vocab == 0 || options.vocab_chunk == 0)
     throw std::invalid_argument("lm_head_cross_entropy: hidden, vocab and vocab_chunk must be positive");
   const uint64_t T = tokens, H = hidden, V = vocab;
-  check_buffer("x", x, T * H * 4);
-  check_buffer("w", w, V * H * dtype_bytes(w_dtype));
-  check_buffer("targets", targets, T * 4);
-  check_buffer("loss_sum", loss_sum, 4);
-  if (options.need_grad) check_buffer("dx", dx, T * H * 4);
+  ce_check_buffer("x", x, T * H * 4);
+  ce_check_buffer("w", w, V * H * dtype_bytes(w_dtype));
+  ce_check_buffer("targets", targets, T * 4);
+  ce_check_buffer("loss_sum", loss_sum, 4);
+  if (options.need_grad) ce_check_buffer("dx", dx, T * H * 4);
 
   const bool f16 = w_dtype == DType::f16;
   const uint32_t vc = std::min(options.vocab_chunk, vocab);
