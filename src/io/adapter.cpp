@@ -21,10 +21,6 @@ using json = nlohmann::json;
 
 constexpr const char* kPrefix = "base_model.model.model.layers.";
 
-std::string shape_text(std::int64_t a, std::int64_t b) {
-  return "[" + std::to_string(a) + ", " + std::to_string(b) + "]";
-}
-
 }  // namespace
 
 double LoraConfig::scaling() const {
@@ -199,8 +195,8 @@ void save_adapter(const std::filesystem::path& dir, const Adapter& adapter,
     if (static_cast<std::int64_t>(w.a.size()) != r * t->in_features ||
         static_cast<std::int64_t>(w.b.size()) != t->out_features * r)
       throw UserError("save_adapter: layer " + std::to_string(w.layer) + " " + w.target +
-                      " factors do not have shapes A " + shape_text(r, t->in_features) + " and B " +
-                      shape_text(t->out_features, r));
+                      " factors do not have shapes A " + shape_text({r, t->in_features}) + " and B " +
+                      shape_text({t->out_features, r}));
     const std::string a_name = lora_tensor_name(w.layer, t->module_path, 'A');
     if (!names.insert(a_name).second) throw UserError("save_adapter: " + a_name + " given twice");
     tensors.push_back({a_name, Dtype::F32, {r, t->in_features}, std::as_bytes(std::span(w.a)), {}});
@@ -256,12 +252,8 @@ AdapterFile AdapterFile::open(const std::filesystem::path& dir, const LoraTarget
                                                    ? std::vector<std::int64_t>{r, t.in_features}
                                                    : std::vector<std::int64_t>{t.out_features, r};
         if (info->shape != want) {
-          std::string got = "[";
-          for (std::size_t i = 0; i < info->shape.size(); ++i)
-            got += (i ? ", " : "") + std::to_string(info->shape[i]);
-          throw UserError(where + "tensor '" + name + "' has shape " + got +
-                          "] but r = " + std::to_string(r) + " and the model need " +
-                          shape_text(want[0], want[1]) +
+          throw UserError(where + "tensor '" + name + "' has shape " + shape_text(info->shape) +
+                          " but r = " + std::to_string(r) + " and the model need " + shape_text(want) +
                           "; the adapter was trained for a different model or rank");
         }
       }
