@@ -212,6 +212,13 @@ DeviceInfo probe(VkInstance instance, VkPhysicalDevice pd, uint32_t index) {
   d.compute_full_subgroups = fsg.computeFullSubgroups;
   d.push_descriptor = has_extension(exts, VK_KHR_PUSH_DESCRIPTOR_EXTENSION_NAME);
   d.memory_budget_ext = has_extension(exts, VK_EXT_MEMORY_BUDGET_EXTENSION_NAME);
+  if (has_extension(exts, VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME)) {
+    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fpe{
+        VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+    VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, &fpe};
+    vkGetPhysicalDeviceFeatures2(pd, &f2);
+    d.pipeline_executable_info = fpe.pipelineExecutableInfo;
+  }
 
   if (nv_ext && fcm.cooperativeMatrix) {
     auto fn = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
@@ -577,6 +584,16 @@ Device::Device(std::shared_ptr<Instance> instance, uint32_t index)
     *tail = &fkhr;
     tail = &fkhr.pNext;
   }
+  // The compiler's statistics only when asked for: capturing them may cost pipeline creation time.
+  const bool pipeline_stats = info_.pipeline_executable_info && env_flag("FORJA_PIPELINE_STATS");
+  VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fpe{
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
+  if (pipeline_stats) {
+    exts.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+    fpe.pipelineExecutableInfo = VK_TRUE;
+    *tail = &fpe;
+    tail = &fpe.pNext;
+  }
   CoopMat2FeaturesNV fnv2{kStructureTypeCoopMat2FeaturesNV};
   if (info_.nv_coopmat2) {
     exts.push_back("VK_NV_cooperative_matrix2");
@@ -598,6 +615,16 @@ Device::Device(std::shared_ptr<Instance> instance, uint32_t index)
       reinterpret_cast<PFN_vkCmdPushDescriptorSetKHR>(vkGetDeviceProcAddr(device_, "vkCmdPushDescriptorSetKHR"));
   if (!cmd_push_descriptor_set)
     throw Unsupported("device " + info_.name + ": the driver does not provide vkCmdPushDescriptorSetKHR; update it");
+  if (pipeline_stats) {
+    get_pipeline_executables = reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(
+        vkGetDeviceProcAddr(device_, "vkGetPipelineExecutablePropertiesKHR"));
+    get_pipeline_statistics = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
+        vkGetDeviceProcAddr(device_, "vkGetPipelineExecutableStatisticsKHR"));
+    if (!get_pipeline_executables || !get_pipeline_statistics) get_pipeline_executables = nullptr;
+  } else if (env_flag("FORJA_PIPELINE_STATS")) {
+    std::fprintf(stderr, "forja: FORJA_PIPELINE_STATS: %s does not offer VK_KHR_pipeline_executable_properties\n",
+                 info_.name.c_str());
+  }
 }
 
 Device::~Device() {

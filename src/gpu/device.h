@@ -58,6 +58,9 @@ struct DeviceInfo {
   bool memory_budget_ext = false;
   bool subgroup_size_control = false;
   bool compute_full_subgroups = false;
+  // VK_KHR_pipeline_executable_properties: the compiler's statistics of each pipeline (NVIDIA:
+  // registers per invocation, AMD: VGPRs/SGPRs), which FORJA_PIPELINE_STATS prints.
+  bool pipeline_executable_info = false;
   // limits
   uint32_t subgroup_size = 0;
   uint32_t min_subgroup_size = 0, max_subgroup_size = 0;
@@ -146,6 +149,10 @@ class Device {
   uint64_t device_local_budget() const;
 
   PFN_vkCmdPushDescriptorSetKHR cmd_push_descriptor_set = nullptr;
+  // Set when FORJA_PIPELINE_STATS asks for the compiler's statistics of every pipeline created
+  // (gpu/pipeline.cpp prints them) and the driver offers them.
+  PFN_vkGetPipelineExecutablePropertiesKHR get_pipeline_executables = nullptr;
+  PFN_vkGetPipelineExecutableStatisticsKHR get_pipeline_statistics = nullptr;
 
  private:
   std::shared_ptr<Instance> instance_;

@@ -1,11 +1,54 @@
 #include "gpu/pipeline.h"
 
+#include <cinttypes>
+#include <cstdio>
 #include <stdexcept>
 
 #include "gpu/vk_check.h"
 #include "kernels/spirv.h"
 
 namespace forja::gpu {
+
+namespace {
+
+std::string statistic_value(const VkPipelineExecutableStatisticKHR& s) {
+  char buf[64];
+  switch (s.format) {
+    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: return s.value.b32 ? "true" : "false";
+    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: std::snprintf(buf, sizeof buf, "%" PRId64, s.value.i64); break;
+    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: std::snprintf(buf, sizeof buf, "%" PRIu64, s.value.u64); break;
+    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: std::snprintf(buf, sizeof buf, "%g", s.value.f64); break;
+    default: return "?";
+  }
+  return buf;
+}
+
+// One line per executable of `pipeline` on stderr: its key (variant and specialization
+// constants) and every statistic the driver reports, e.g. NVIDIA's register count, which decides
+// how many workgroups share a multiprocessor.
+void print_statistics(const Device& device, VkPipeline pipeline, const std::string& key) {
+  VkPipelineInfoKHR pi{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
+  pi.pipeline = pipeline;
+  uint32_t n = 0;
+  if (device.get_pipeline_executables(device.handle(), &pi, &n, nullptr) != VK_SUCCESS) return;
+  std::vector<VkPipelineExecutablePropertiesKHR> exes(n, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR});
+  device.get_pipeline_executables(device.handle(), &pi, &n, exes.data());
+  for (uint32_t i = 0; i < n; ++i) {
+    VkPipelineExecutableInfoKHR ei{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR};
+    ei.pipeline = pipeline;
+    ei.executableIndex = i;
+    uint32_t m = 0;
+    if (device.get_pipeline_statistics(device.handle(), &ei, &m, nullptr) != VK_SUCCESS) continue;
+    std::vector<VkPipelineExecutableStatisticKHR> stats(m, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR});
+    device.get_pipeline_statistics(device.handle(), &ei, &m, stats.data());
+    std::string line = "forja: pipeline " + key + " [" + exes[i].name + ", subgroup " +
+                       std::to_string(exes[i].subgroupSize) + "]:";
+    for (const auto& s : stats) line += std::string(" ") + s.name + "=" + statistic_value(s) + ";";
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
+}  // namespace
 
 PipelineCache::PipelineCache(std::shared_ptr<Device> device) : device_(std::move(device)) {}
 
@@ -95,7 +138,9 @@ const Pipeline& PipelineCache::get(const kernels::Kernel& kernel, const std::vec
     ci.stage.pNext = &required;
     if (info.compute_full_subgroups) ci.stage.flags |= VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT;
   }
+  if (device_->get_pipeline_executables) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   VK_CHECK(vkCreateComputePipelines(device_->handle(), VK_NULL_HANDLE, 1, &ci, nullptr, &p->pipeline));
+  if (device_->get_pipeline_executables) print_statistics(*device_, p->pipeline, key);
   const Pipeline& ref = *p;
   pipelines_[key] = std::move(p);
   return ref;
