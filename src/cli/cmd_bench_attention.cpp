@@ -38,6 +38,7 @@ struct AttnBenchOptions {
   std::string impls = "flash,fused,fused-backward,gemm,tiled", flash_kernel = "automatic";
   std::string fused_forward_tiles;   // "WARPS,KEYS,PREFETCH"; empty: the defaults
   std::string fused_backward_tiles;
+  int paired = -1;                   // the fused kernels' paired row tiles: 0, 1; -1: the default
   int dkv_split_target = -1;  // < 0: the default  // "DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES"; empty: the defaults
   bool packed = false;
 };
@@ -128,6 +129,12 @@ int run(const AttnBenchOptions& o) {
     const auto v = numbers(o.fused_forward_tiles, 3,
                            "--fused-forward-tiles: give three numbers WARPS,KEYS,PREFETCH (e.g. 8,64,1)");
     for (ops::AttentionGemmOptions* g : {&fused, &fused_backward}) g->fused_forward_tiles = {v[0], v[1], v[2] != 0};
+  }
+  if (o.paired >= 0) {
+    for (ops::AttentionGemmOptions* g : {&fused, &fused_backward}) {
+      g->fused_forward_tiles.paired = o.paired != 0;
+      g->fused_backward_tiles.paired = o.paired != 0;
+    }
   }
   if (!o.fused_backward_tiles.empty()) {
     const auto v = numbers(o.fused_backward_tiles, 4,
@@ -298,6 +305,10 @@ forja::cli::CommandRegistration bench_attention_registration{"bench-attention", 
   cmd->add_option("--fused-backward-tiles", o->fused_backward_tiles,
                   "fused-backward's workgroups: DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (subgroups 1/2/4/8, tiles "
                   "16/32/64; default 4,64,4,32)");
+  cmd->add_option("--paired", o->paired,
+                  "the fused kernels' workgroups take row tiles w and n - 1 - w (1) or tile w alone (0); default: "
+                  "the library's")
+      ->check(CLI::Range(0, 1));
   cmd->add_option("--dkv-split-target", o->dkv_split_target,
                   "fused-backward's dk/dv kernel: workgroups below which a kv head's query heads are split "
                   "across workgroups (0: never; default 1024)")

@@ -31,7 +31,8 @@
 //
 // Specialization constants: 0 workgroup size (32 x WARPS), 1 WARPS, 2 BT (BC keys per tile for
 // DQ; BQ queries per tile for DKV), 3 HD (= head_dim, a multiple of 16 up to 128), 4
-// ROW_SHIFT, 5 COL_SHIFT (the accumulator's element order, as flash_forward_khr.comp). The _emu
+// ROW_SHIFT, 5 COL_SHIFT (the accumulator's element order, as flash_forward_khr.comp), 6 PAIRED
+// (each workgroup takes two row tiles, as the forward's). The _emu
 // variants: the same without cooperative matrices (flash_khr_common.glsl), WARPS 1.
 //! variant flash_bwd_dq_khr -DDQ requires=nv_coopmat2
 //! variant flash_bwd_dkv_khr -DDKV requires=nv_coopmat2
@@ -46,6 +47,10 @@ layout(constant_id = 2) const uint BT = 32;
 layout(constant_id = 3) const uint HD = 128;
 layout(constant_id = 4) const uint ROW_SHIFT = 2;
 layout(constant_id = 5) const uint COL_SHIFT = 1;
+// Whether workgroup w computes row tiles w and n - 1 - w (grid of ceil(n / 2)) instead of tile w
+// alone: the causal mask gives the dq tiles work growing with w and the dk/dv tiles work shrinking
+// with w, so the pairs all cost the same (flash_forward_khr.comp's PAIRED).
+layout(constant_id = 6) const bool PAIRED = false;
 
 layout(push_constant) uniform PC {
   uint seq, n_heads, n_kv_heads, head_dim;
@@ -93,8 +98,10 @@ shared float sdrow[BT];  // and its D
 
 #include "flash_khr_common.glsl"
 
-void main() {
-  const uint wt = gl_WorkGroupID.x, b = gl_WorkGroupID.z;
+// Row tile wt (queries for DQ, keys for DKV) of gl_WorkGroupID.y's head(s), sequence
+// gl_WorkGroupID.z.
+void row_tile(const uint wt) {
+  const uint b = gl_WorkGroupID.z;
   const uint warp = WARP, lane = LANE;
   const uint nh = pc.n_heads, nkv = pc.n_kv_heads, d = pc.head_dim, rep = nh / nkv;
   const uint tok0 = b * pc.seq, sbase = pc.seg_off + tok0;
@@ -294,5 +301,18 @@ void main() {
       const uint hh = (i >> ROW_SHIFT) & 1u;
       if (row[hh] < pc.seq) o[out_first + row[hh] * out_ld + f * 16u + lane_col(lane, i)] = acc[f][i] * out_scale;
     }
+  }
+}
+
+void main() {
+  if (!PAIRED) {
+    row_tile(gl_WorkGroupID.x);
+    return;
+  }
+  const uint n = (pc.seq + ROWS - 1u) / ROWS, w = gl_WorkGroupID.x;
+  row_tile(w);
+  if (n - 1u - w != w) {
+    barrier();  // every subgroup is done with the shared memory of the first tile
+    row_tile(n - 1u - w);
   }
 }

@@ -28,7 +28,8 @@
 //
 // Specialization constants: 0 workgroup size (32 x WARPS), 1 WARPS, 2 BC, 3 HD (= head_dim, a
 // multiple of 16 up to 128), 4 ROW_SHIFT and 5 COL_SHIFT (the accumulator's element order), 6
-// PREFETCH (the next key tile's loads in flight during this one's products).
+// PREFETCH (the next key tile's loads in flight during this one's products), 7 PAIRED (each
+// workgroup takes two query tiles, see main).
 // flash_fwd_khr_emu: the same without cooperative matrices (flash_khr_common.glsl), WARPS 1.
 //! variant flash_fwd_khr requires=nv_coopmat2
 //! variant flash_fwd_khr_emu -DEMULATE
@@ -64,6 +65,11 @@ layout(constant_id = 5) const uint COL_SHIFT = 1;
 // Whether the next key tile's k and v rows are loaded into registers while this one is computed
 // (and stored to shared memory after it), or staged between the barriers.
 layout(constant_id = 6) const bool PREFETCH = false;
+// Whether workgroup w computes query tiles w and n - 1 - w (n tiles, grid of ceil(n / 2)) instead
+// of tile w alone: under the causal mask tile t has t + 1 tiles' worth of keys, so the pairs all
+// cost the same and no long tile is left running alone at the end (one sequence gives 4 waves of
+// one workgroup per multiprocessor at 32 heads).
+layout(constant_id = 7) const bool PAIRED = false;
 
 layout(push_constant) uniform PC {
   uint seq, n_heads, n_kv_heads, head_dim;
@@ -129,8 +135,9 @@ void put(const uvec4 pk[PER], const uvec4 pv[PER]) {
   }
 }
 
-void main() {
-  const uint qt = gl_WorkGroupID.x, h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
+// Query tile qt of head gl_WorkGroupID.y, sequence gl_WorkGroupID.z.
+void query_tile(const uint qt) {
+  const uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
   const uint warp = WARP, lane = LANE;
   const uint nh = pc.n_heads, nkv = pc.n_kv_heads, d = pc.head_dim;
   const uint g = h / (nh / nkv);
@@ -281,6 +288,19 @@ void main() {
       const uint qi = hh == 0u ? row0 : row1;
       if (qi < pc.seq) lse[stat + qi] = l[hh] == 0.0 ? NEG_INF : (m[hh] + log2(l[hh])) * float(LN2);
     }
+  }
+}
+
+void main() {
+  if (!PAIRED) {
+    query_tile(gl_WorkGroupID.x);
+    return;
+  }
+  const uint n = (pc.seq + BR - 1u) / BR, w = gl_WorkGroupID.x;
+  query_tile(w);
+  if (n - 1u - w != w) {
+    barrier();  // every subgroup is done with the shared memory of the first tile
+    query_tile(n - 1u - w);
   }
 }
 #endif

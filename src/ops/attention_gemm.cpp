@@ -83,6 +83,13 @@ gpu::Buffer alloc_f16(gpu::Context& ctx, uint64_t halves, const char* what) {
   return ctx.alloc((halves + 7) / 8 * 16, what);
 }
 
+// Workgroups along the rows of a fused kernel: one per tile of `rows`, or one per pair of tiles
+// (the kernels' PAIRED).
+uint32_t row_groups(uint32_t seq, uint32_t rows, bool paired) {
+  const uint32_t tiles = (seq + rows - 1) / rows;
+  return paired ? (tiles + 1) / 2 : tiles;
+}
+
 // ---- the fused forward (kernels/flash_forward_khr.comp) ----
 // Must match PC in kernels/flash_forward_khr.comp.
 struct FusedPush {
@@ -189,7 +196,8 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
   check_fused_forward_tiles(ctx, warps, keys, m.d);
   const auto& p = ctx.pipelines().get(f.emulated ? kernels::flash_fwd_khr_emu : kernels::flash_fwd_khr,
                                       {warps * 32, warps, keys, m.d, f.row_shift, f.col_shift,
-                                       o.fused_forward_tiles.prefetch ? 1u : 0u});
+                                       o.fused_forward_tiles.prefetch ? 1u : 0u,
+                                       o.fused_forward_tiles.paired ? 1u : 0u});
   const uint32_t rows_per_group = warps * 16;
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_forward", m);
   const uint32_t group = std::min(per, m.batch);
@@ -215,7 +223,8 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
                   {f.segments.buffer, gpu::Access::read},
                   {f.out.buffer, gpu::Access::write},
                   {f.lse.buffer, gpu::Access::write}},
-                 push, (m.seq + rows_per_group - 1) / rows_per_group, m.nh, nb, "attention_fused_forward", flops);
+                 push, row_groups(m.seq, rows_per_group, o.fused_forward_tiles.paired), m.nh, nb,
+                 "attention_fused_forward", flops);
   }
   ctx.free(v16);
   if (!o.qk_f16)
@@ -284,13 +293,15 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
   const FusedSetup fs = fused_setup(ctx, o);
   // The emulation runs one subgroup per workgroup, on tiles that fit lavapipe's shared memory.
   const AttentionGemmOptions::FusedBackwardTiles t =
-      fs.emulated ? AttentionGemmOptions::FusedBackwardTiles{1, o.emulated_tile, 1, o.emulated_tile} : o.fused_backward_tiles;
+      fs.emulated ? AttentionGemmOptions::FusedBackwardTiles{1, o.emulated_tile, 1, o.emulated_tile,
+                                                             o.fused_backward_tiles.paired}
+                  : o.fused_backward_tiles;
   check_fused_backward_tiles(ctx, t, m.d);
   const uint32_t dq_warps = t.dq_warps, kv_warps = t.kv_warps;
   auto pipeline = [&](const kernels::Kernel& kernel, const kernels::Kernel& emulation, uint32_t warps,
                       uint32_t tile) -> const gpu::Pipeline& {
     return ctx.pipelines().get(fs.emulated ? emulation : kernel,
-                               {warps * 32, warps, tile, m.d, fs.row_shift, fs.col_shift});
+                               {warps * 32, warps, tile, m.d, fs.row_shift, fs.col_shift, t.paired ? 1u : 0u});
   };
   const gpu::Pipeline& p_dq = pipeline(kernels::flash_bwd_dq_khr, kernels::flash_bwd_dq_khr_emu, dq_warps, t.dq_keys);
   const gpu::Pipeline& p_dkv = pipeline(kernels::flash_bwd_dkv_khr, kernels::flash_bwd_dkv_khr_emu, kv_warps, t.kv_queries);
@@ -330,7 +341,7 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
                                             {bdrow.buffer, gpu::Access::read},
                                             {grad.buffer, gpu::Access::write}};
       if (grad_v) bindings.push_back({grad_v->buffer, gpu::Access::write});
-      ctx.dispatch(p, bindings, push, (m.seq + rows_per_group - 1) / rows_per_group, heads * split, nb, op,
+      ctx.dispatch(p, bindings, push, row_groups(m.seq, rows_per_group, t.paired), heads * split, nb, op,
                    products * 2.0 * nb * m.nh * pairs * m.d);
     };
     // dq: S, dP, dS K; dk and dv: S^T, dP^T, dS^T Q, P^T dout (products per visible pair).
@@ -441,7 +452,7 @@ uint32_t attention_dkv_split(uint32_t sequences, uint32_t seq, uint32_t n_heads,
                              const AttentionGemmOptions& o) {
   if (n_kv_heads == 0 || n_heads % n_kv_heads || o.dkv_split_target == 0) return 1;
   const uint32_t rep = n_heads / n_kv_heads, rows = 16 * o.fused_backward_tiles.kv_warps;
-  const uint64_t groups = uint64_t((seq + rows - 1) / rows) * n_kv_heads * sequences;
+  const uint64_t groups = uint64_t(row_groups(seq, rows, o.fused_backward_tiles.paired)) * n_kv_heads * sequences;
   uint32_t split = 1;
   for (uint32_t d = 1; d <= rep && groups * split < o.dkv_split_target; ++d)
     if (rep % d == 0) split = d;

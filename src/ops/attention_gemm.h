@@ -46,9 +46,12 @@ struct AttentionGemmOptions {
   // of staging between barriers. On an H100 (S 2048, 32/8 heads x 128, `forja bench attention
   // --fused-forward-tiles`; docs/benchmarks.md) 8,64 without prefetch ran the forward in 0.344-
   // 0.349 ms at B 1 and 2.18 at B 8; 4,64 with prefetch 0.369-0.374 and 2.29.
+  // paired: each workgroup computes query tiles w and n - 1 - w (the causal mask makes every pair
+  // cost the same), half as many workgroups (`forja bench attention --paired`).
   struct FusedForwardTiles {
     uint32_t warps = 8, keys = 64;
     bool prefetch = false;
+    bool paired = false;
   } fused_forward_tiles;
   // The backward as two fused kernels (kernels/flash_backward_khr.comp: dq per query tile; dk and
   // dv together per key tile, summing a kv head's query heads; P recomputed from lse in registers)
@@ -62,8 +65,10 @@ struct AttentionGemmOptions {
   // 8; tiles 16, 32 or 64 (within the device's shared memory: the dk/dv kernel keeps its own v
   // rows beside two tiles). The defaults are the fastest measured on an H100 (`forja bench
   // attention --fused-backward-tiles`, bwd 1.15 ms; dk/dv 2,32: 1.27; 4,16: 1.50; 2,64: 1.48).
+  // paired: each workgroup of both kernels computes row tiles w and n - 1 - w (as the forward's).
   struct FusedBackwardTiles {
     uint32_t dq_warps = 4, dq_keys = 64, kv_warps = 4, kv_queries = 32;
+    bool paired = false;
   } fused_backward_tiles;
   // The dk/dv kernel sums a kv head's query heads in one workgroup per key tile. Where that
   // gives fewer than dkv_split_target workgroups (one sequence of 2048 at 32/8 heads: 256),

@@ -132,16 +132,22 @@ TEST(MemoryPlan, FusedAttentionBackwardNeedsOnlyItsCopies) {
   EXPECT_EQ(fused.bytes, ops::attention_fused_scratch_bytes(1, 2048, 32, 8, 128));
   EXPECT_EQ(fused.note, "attention: the fused kernels' fp16 copies");
   // q and dout (32 heads), k and v (8 heads) in fp16, D in fp32, and the dk/dv kernel's partial
-  // sums: one sequence gives 32 key tiles x 8 kv heads = 256 workgroups, so 4 share each kv head
+  // sums: one sequence gives 32 key tiles x 8 kv heads = 256 workgroups (128 with two tiles per
+  // workgroup), so 4 share each kv head
   EXPECT_EQ(ops::attention_dkv_split(1, 2048, 32, 8), 4u);
   EXPECT_EQ(ops::attention_fused_scratch_bytes(1, 2048, 32, 8, 128),
             2u * 2048 * 32 * 128 * 2 + 2u * 2048 * 8 * 128 * 2 + 2048u * 32 * 4 + 2u * 4 * 2048 * 8 * 128 * 4);
-  EXPECT_EQ(ops::attention_dkv_split(8, 2048, 32, 8), 1u);  // 2048 workgroups
-  EXPECT_EQ(ops::attention_dkv_split(4, 512, 32, 8), 4u);   // 256
-  EXPECT_EQ(ops::attention_dkv_split(2, 512, 32, 8), 4u);   // 128: all 4 query heads, 512
-  EXPECT_EQ(ops::attention_dkv_split(1, 2048, 24, 8), 3u);  // 3 query heads per kv head: 768
-  EXPECT_EQ(ops::attention_dkv_split(1, 2048, 40, 8), 5u);  // 5: 1280
-  EXPECT_EQ(ops::attention_dkv_split(4, 2048, 32, 8), 1u);  // 1024
+  ops::AttentionGemmOptions single, paired;  // one or two row tiles per workgroup
+  single.fused_backward_tiles.paired = false;
+  paired.fused_backward_tiles.paired = true;
+  EXPECT_EQ(ops::attention_dkv_split(8, 2048, 32, 8, single), 1u);  // 2048 workgroups
+  EXPECT_EQ(ops::attention_dkv_split(8, 2048, 32, 8, paired), 1u);  // 1024
+  EXPECT_EQ(ops::attention_dkv_split(4, 512, 32, 8, single), 4u);   // 256
+  EXPECT_EQ(ops::attention_dkv_split(2, 512, 32, 8, single), 4u);   // 128: all 4 query heads, 512
+  EXPECT_EQ(ops::attention_dkv_split(1, 2048, 24, 8, single), 3u);  // 3 query heads per kv head: 768
+  EXPECT_EQ(ops::attention_dkv_split(1, 2048, 40, 8, single), 5u);  // 5: 1280
+  EXPECT_EQ(ops::attention_dkv_split(4, 2048, 32, 8, single), 1u);  // 1024
+  EXPECT_EQ(ops::attention_dkv_split(4, 2048, 32, 8, paired), 2u);  // 512: two share each kv head
   s.batch = 4;
   EXPECT_GE(scratch(plan_training_memory(c, s)).bytes, ops::attention_fused_scratch_bytes(4, 2048, 32, 8, 128));
 }

@@ -54,13 +54,14 @@ struct Impl {
   uint32_t emulated_row_shift = 0;  // > 0: the fused kernels' emulation, with this accumulator order
   uint32_t emulated_tile = 32;      // and this tile of keys / queries
   bool forward_prefetch = false;    // the fused forward's prefetch of the next key tile
+  bool paired = false;              // the fused kernels' workgroups take two row tiles
   std::string name() const {
     return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) +
                       (fused_forward ? " fused forward" : "") + (fused_backward ? " fused backward" : "") +
                       (emulated_row_shift ? " emulated, row shift " + std::to_string(emulated_row_shift) +
                                                 ", tile " + std::to_string(emulated_tile)
                                           : "") +
-                      (forward_prefetch ? ", prefetch" : "")
+                      (forward_prefetch ? ", prefetch" : "") + (paired ? ", paired" : "")
                 : "tiled";
   }
   ops::AttentionGemmOptions options() const {
@@ -71,6 +72,7 @@ struct Impl {
     if (o.fused_emulated) o.emulated_row_shift = emulated_row_shift;
     o.emulated_tile = emulated_tile;
     o.fused_forward_tiles.prefetch = forward_prefetch;
+    o.fused_forward_tiles.paired = o.fused_backward_tiles.paired = paired;
     return o;
   }
 };
@@ -225,16 +227,20 @@ TEST_F(AttentionTest, GemmPathPackedSegmentsMatchReference) {
 
 // The fused forward kernel (kernels/flash_forward_khr.comp), where the device runs it (NVIDIA):
 // head_dim 16, 64, 128, sequences shorter than, equal to and beyond its 64-row and 64-key tiles,
-// with ragged ends; causal and packed; the backward (GEMM kernels) on its out and lse.
+// with ragged ends; causal and packed; one or two query tiles per workgroup; the backward (GEMM
+// kernels) on its out and lse.
 TEST_F(AttentionTest, FusedForwardMatchesReference) {
   const std::string why = ops::attention_fused_forward_unsupported(ctx(), 64);
   if (!why.empty()) GTEST_SKIP() << "no fused attention forward here: " << why;
   const Shape shapes[] = {{2, 7, 4, 2, 16},   {2, 65, 4, 2, 128}, {1, 64, 3, 1, 64}, {2, 130, 6, 1, 64},
                           {1, 200, 4, 2, 128}, {1, 256, 8, 2, 128}, {3, 33, 2, 2, 32}};
-  const Impl fused{true, ops::GemmKernel::automatic, 0, true};
-  for (const Shape& s : shapes) {
-    check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
-    check(s, packed_segments(s, rng_), fused);
+  Impl fused{true, ops::GemmKernel::automatic, 0, true};
+  for (const bool paired : {false, true}) {
+    fused.paired = paired;
+    for (const Shape& s : shapes) {
+      check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
+      check(s, packed_segments(s, rng_), fused);
+    }
   }
   EXPECT_FALSE(ops::attention_fused_forward_supported(ctx(), 8));
   EXPECT_FALSE(ops::attention_fused_forward_supported(ctx(), 144));
@@ -243,7 +249,7 @@ TEST_F(AttentionTest, FusedForwardMatchesReference) {
 // The fused backward kernels (kernels/flash_backward_khr.comp) on the fused forward's out and lse,
 // where the device runs them (NVIDIA): dq in tiles of 128 query rows against 32-key tiles, dk and
 // dv in tiles of 64 keys against 32-query tiles; sequences shorter than, equal to and beyond them
-// with ragged ends, GQA 1 to 6; causal and packed.
+// with ragged ends, GQA 1 to 6; causal and packed; one or two row tiles per workgroup.
 TEST_F(AttentionTest, FusedBackwardMatchesReference) {
   const std::string why = ops::attention_fused_forward_unsupported(ctx(), 64);
   if (!why.empty()) GTEST_SKIP() << "no fused attention kernels here: " << why;
@@ -251,9 +257,12 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
                           {1, 200, 4, 2, 128}, {1, 256, 8, 2, 128}, {3, 33, 2, 2, 32}};
   Impl fused{true, ops::GemmKernel::automatic, 0, true};
   fused.fused_backward = true;
-  for (const Shape& s : shapes) {
-    check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
-    check(s, packed_segments(s, rng_), fused);
+  for (const bool paired : {false, true}) {
+    fused.paired = paired;
+    for (const Shape& s : shapes) {
+      check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
+      check(s, packed_segments(s, rng_), fused);
+    }
   }
 }
 
@@ -261,7 +270,8 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
 // cooperative matrices) on any device, lavapipe included: their tiling, masks, online softmax and
 // the backward's recomputation from lse, forward and backward, in both accumulator orders the
 // kernels know; sequences shorter than and beyond the emulation's 16-row and 32-key tiles, head_dim
-// 16 to 128, GQA 1 to 6, causal and packed; the forward with and without its prefetch. Lavapipe
+// 16 to 128, GQA 1 to 6, causal and packed; the forward with and without its prefetch, the row
+// tiles one or two per workgroup (cases 1, 2, 5, 6: odd and even tile counts). Lavapipe
 // compiles each (kernel, head_dim, order) for about 2 s, so few of them are asked for.
 TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
   // (shape, accumulator order, tile): tile 64 is the real kernels' (forward keys, the backward's
@@ -270,10 +280,13 @@ TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
       {{2, 7, 4, 2, 16}, 2, 32},  {{1, 37, 2, 1, 128}, 2, 32}, {{2, 70, 6, 1, 16}, 2, 32}, {{2, 40, 6, 2, 32}, 1, 32},
       {{1, 70, 2, 2, 32}, 1, 32}, {{2, 150, 4, 1, 64}, 2, 64}, {{1, 67, 6, 2, 32}, 1, 64}};
   bool prefetch = false;
+  uint32_t index = 0;
   for (const auto& [s, row_shift, tile] : cases) {
     Impl fused{true, ops::GemmKernel::automatic, 0, true};
     fused.fused_backward = true;
     fused.forward_prefetch = prefetch = !prefetch;
+    fused.paired = index % 4 == 1 || index % 4 == 2;
+    ++index;
     fused.emulated_row_shift = row_shift;
     fused.emulated_tile = tile;
     check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
