@@ -47,7 +47,8 @@ struct AttentionGemmOptions {
   // --fused-forward-tiles`; docs/benchmarks.md) 8,64 without prefetch ran the forward in 0.344-
   // 0.349 ms at B 1 and 2.18 at B 8; 4,64 with prefetch 0.369-0.374 and 2.29.
   // paired: each workgroup computes query tiles w and n - 1 - w (the causal mask makes every pair
-  // cost the same), half as many workgroups (`forja bench attention --paired`).
+  // cost the same), half as many workgroups (`forja bench attention --paired`). Off until measured
+  // on a GPU (written when the device time ran out; the tests cover it).
   struct FusedForwardTiles {
     uint32_t warps = 8, keys = 64;
     bool prefetch = false;
