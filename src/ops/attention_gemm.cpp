@@ -467,6 +467,11 @@ bool attention_gemm_takes_f16_qk(gpu::Context& ctx, uint32_t batch, uint32_t seq
          sequences_per_dispatch(ctx, "attention_gemm_backward", m) >= batch;
 }
 
+bool attention_paired_default() {
+  static const bool paired = gpu::env_flag("FORJA_ATTENTION_PAIRED");
+  return paired;
+}
+
 bool attention_fused_backward_enabled(gpu::Context& ctx, uint32_t head_dim) {
   if (gpu::env_flag("FORJA_NO_FUSED_ATTENTION_BACKWARD") || !attention_fused_forward_supported(ctx, head_dim))
     return false;

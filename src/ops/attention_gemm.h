@@ -28,6 +28,10 @@
 
 namespace forja::ops {
 
+// The fused kernels' paired row tiles by default (AttentionGemmOptions' `paired`): off, unless
+// FORJA_ATTENTION_PAIRED=1 (for measuring the training step with and without them in one binary).
+bool attention_paired_default();
+
 struct AttentionGemmOptions {
   GemmKernel kernel = GemmKernel::automatic;  // for the products (tests pick coopmat_emulated)
   uint32_t chunk_rows = 0;                    // query rows per chunk; 0 = from scratch_budget
@@ -48,11 +52,12 @@ struct AttentionGemmOptions {
   // 0.349 ms at B 1 and 2.18 at B 8; 4,64 with prefetch 0.369-0.374 and 2.29.
   // paired: each workgroup computes query tiles w and n - 1 - w (the causal mask makes every pair
   // cost the same), half as many workgroups (`forja bench attention --paired`). Off until measured
-  // on a GPU (written when the device time ran out; the tests cover it).
+  // on a GPU (written when the device time ran out; the tests cover it); FORJA_ATTENTION_PAIRED=1
+  // makes it the default, for the training step.
   struct FusedForwardTiles {
     uint32_t warps = 8, keys = 64;
     bool prefetch = false;
-    bool paired = false;
+    bool paired = attention_paired_default();
   } fused_forward_tiles;
   // The backward as two fused kernels (kernels/flash_backward_khr.comp: dq per query tile; dk and
   // dv together per key tile, summing a kv head's query heads; P recomputed from lse in registers)
@@ -69,7 +74,7 @@ struct AttentionGemmOptions {
   // paired: each workgroup of both kernels computes row tiles w and n - 1 - w (as the forward's).
   struct FusedBackwardTiles {
     uint32_t dq_warps = 4, dq_keys = 64, kv_warps = 4, kv_queries = 32;
-    bool paired = false;
+    bool paired = attention_paired_default();
   } fused_backward_tiles;
   // The dk/dv kernel sums a kv head's query heads in one workgroup per key tile. Where that
   // gives fewer than dkv_split_target workgroups (one sequence of 2048 at 32/8 heads: 256),
