@@ -8,6 +8,8 @@
 # $OUT/peer.jsonl, and prints tokens/s per run. AB_SHAPES (BATCHxSEQ[:ckpt], space-separated;
 # default "1x2048:ckpt 8x2048:ckpt") picks the shapes, each for forja and the peer; AB_ROUNDS
 # (default 2) how many before/after pairs each shape gets; AB_BINARIES=after runs only .dist/forja.
+# AB_AFTER_ENV (e.g. "FORJA_ATTENTION_PAIRED=1") is set for the "after" runs only; without
+# .dist/forja-before, "before" is .dist/forja too, so one binary is measured with and without it.
 set -o pipefail
 source bench/device_env.sh
 OUT=${OUT:?run through the device tool, which sets OUT}
@@ -18,8 +20,9 @@ for shape in "${shapes[@]}"; do
   ckpt=off; [ "${shape#*:}" = ckpt ] && ckpt=on
   steps="--steps 6 --warmup 2"; [ $((batch * seq)) -gt 8192 ] && steps="--steps 3 --warmup 1"
   for bin in $(for _ in $(seq ${AB_ROUNDS:-2}); do echo ${AB_BINARIES:-before after}; done); do
-    f=.dist/forja; [ $bin = before ] && f=.dist/forja-before
-    timeout 120 $f bench $B --batch $batch --seq-len $seq --grad-checkpointing $ckpt $steps 2>/dev/null |
+    f=.dist/forja; [ $bin = before ] && [ -x .dist/forja-before ] && f=.dist/forja-before
+    after_env=(); [ $bin = after ] && [ -n "${AB_AFTER_ENV:-}" ] && after_env=($AB_AFTER_ENV)
+    env "${after_env[@]}" timeout 120 $f bench $B --batch $batch --seq-len $seq --grad-checkpointing $ckpt $steps 2>/dev/null |
       sed "s/^{/{\"binary\":\"$bin\",/" >> $OUT/train.jsonl
     tail -1 $OUT/train.jsonl | python3 -c "
 import json, sys
