@@ -130,16 +130,17 @@ int run(const AttnBenchOptions& o) {
                            "--fused-forward-tiles: give three numbers WARPS,KEYS,PREFETCH (e.g. 8,64,1)");
     for (ops::AttentionGemmOptions* g : {&fused, &fused_backward}) g->fused_forward_tiles = {v[0], v[1], v[2] != 0};
   }
+  if (!o.fused_backward_tiles.empty()) {
+    const auto v = numbers(o.fused_backward_tiles, 4,
+                           "--fused-backward-tiles: give four numbers DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (e.g. 4,64,4,32)");
+    fused_backward.fused_backward_tiles = {v[0], v[1], v[2], v[3]};
+  }
+  // After the tile options, which give every field they leave out its default.
   if (o.paired >= 0) {
     for (ops::AttentionGemmOptions* g : {&fused, &fused_backward}) {
       g->fused_forward_tiles.paired = o.paired != 0;
       g->fused_backward_tiles.paired = o.paired != 0;
     }
-  }
-  if (!o.fused_backward_tiles.empty()) {
-    const auto v = numbers(o.fused_backward_tiles, 4,
-                           "--fused-backward-tiles: give four numbers DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (e.g. 4,64,4,32)");
-    fused_backward.fused_backward_tiles = {v[0], v[1], v[2], v[3]};
   }
   if (o.dkv_split_target >= 0) fused_backward.dkv_split_target = static_cast<uint32_t>(o.dkv_split_target);
   unfused.fused_forward = false;
