@@ -102,10 +102,7 @@ const uint NF = BC / 16u;  // fragments across a key tile
 const uint CH = HD / 8u;   // uvec4 chunks (8 halves) per staged row
 const uint LD = CH + 1u;   // staged row stride in uvec4: one chunk of padding against bank conflicts
 const uint KV_SIZE = BC * LD;
-// Shared memory holds the k and v tiles, or at least one subgroup's q rows; before the loop the
-// workgroup's q passes through it in QP rows at a time (every row at once where they fit).
-const uint SH_SIZE = 2u * KV_SIZE > SR * LD ? 2u * KV_SIZE : SR * LD;
-const uint QP = (SH_SIZE / LD) / SR * SR < BR ? (SH_SIZE / LD) / SR * SR : BR;
+const uint SH_SIZE = 2u * KV_SIZE > BR * LD ? 2u * KV_SIZE : BR * LD;
 
 shared uvec4 sh[SH_SIZE];  // K at 0, V at KV_SIZE; before the loop, Q at 0
 shared int sseg_k[BC];
@@ -154,19 +151,14 @@ void query_tile(const uint qt) {
   const uint q_first = pc.q_off + (tok0 * nh + h) * d;
   const uint k_first = pc.k_off + (tok0 * nkv + g) * d, v_first = pc.v_off + (tok0 * nkv + g) * d;
 
-  // q: staged QP rows at a time, then this subgroup's SR rows as A fragments for the whole loop
-  // (fragment r's are qa[r * HF ...]).
+  // q: staged, then this subgroup's SR rows as A fragments for the whole loop (fragment r's
+  // are qa[r * HF ...]).
+  STAGE(q8, 0u, q0, BR, q_first, nh * d);
+  barrier();
   FRAG_A qa[QF * HF];
-  for (uint p0 = 0u; p0 < BR; p0 += QP) {
-    if (p0 > 0u) barrier();  // the subgroups of the previous pass have their fragments
-    STAGE(q8, 0u, q0 + p0, QP, q_first, nh * d);
-    barrier();
-    if (warp * SR >= p0 && warp * SR < p0 + QP) {
-      UNROLL for (uint r = 0u; r < QF; ++r)
-        UNROLL for (uint k = 0u; k < HF; ++k)
-          LOAD(qa[r * HF + k], (warp * SR - p0 + 16u * r) * LD + 2u * k, ROW_MAJOR);
-    }
-  }
+  UNROLL for (uint r = 0u; r < QF; ++r)
+    UNROLL for (uint k = 0u; k < HF; ++k)
+      LOAD(qa[r * HF + k], (warp * SR + 16u * r) * LD + 2u * k, ROW_MAJOR);
 
   // This lane's rows (the accumulator layout): r_lo and r_lo + 8 of each fragment's 16; row
   // statistic x = 2 r + half belongs to fragment r.

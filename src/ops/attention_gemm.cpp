@@ -100,9 +100,8 @@ struct FusedPush {
 static_assert(kernels::push_block_matches<FusedPush>(kernels::flash_fwd_khr),
               "FusedPush differs from kernels/flash_forward_khr.comp's push-constant block");
 // The forward's workgroups within what the kernel and the device allow: shared memory holds the
-// staged k and v tiles, or at least one subgroup's q rows before the loop
-// (kernels/flash_forward_khr.comp's SH_SIZE), the tile's segment ids and the emulation's exchange
-// arrays.
+// staged k and v tiles, or the workgroup's q rows before the loop (kernels/flash_forward_khr.comp's
+// SH_SIZE), the tile's segment ids and the emulation's exchange arrays.
 void check_fused_forward_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t keys, uint32_t row_frags,
                                uint32_t head_dim) {
   if (!(warps == 1 || warps == 2 || warps == 4 || warps == 8) || !(keys == 16 || keys == 32 || keys == 64) ||
@@ -111,7 +110,7 @@ void check_fused_forward_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t
         "fused attention forward tiles: subgroups must be 1, 2, 4 or 8, tiles 16, 32 or 64, row fragments 1 or 2");
   const uint64_t ld = head_dim / 8 + 1;
   const uint64_t bytes =
-      16 * std::max<uint64_t>(2ull * keys * ld, 16ull * row_frags * ld) + 4ull * keys + 4 * (256 + 256 + 32);
+      16 * std::max<uint64_t>(2ull * keys * ld, 16ull * row_frags * warps * ld) + 4ull * keys + 4 * (256 + 256 + 32);
   if (bytes > ctx.info().max_shared_memory)
     throw std::invalid_argument("fused attention forward tiles: " + std::to_string(warps) + " subgroups of " +
                                 std::to_string(16 * row_frags) + " rows and tiles of " +

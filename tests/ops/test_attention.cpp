@@ -75,9 +75,9 @@ struct Impl {
     o.emulated_tile = emulated_tile;
     o.fused_forward_tiles.prefetch = forward_prefetch;
     o.fused_forward_tiles.paired = o.fused_backward_tiles.paired = paired;
-    // Two fragments per subgroup: 8 subgroups against 32-key tiles, so the real kernel stages its
-    // 256 q rows in four passes of 64 (the tiles' shared memory).
-    if (row_frags > 1) o.fused_forward_tiles = {8, 32, forward_prefetch, paired, row_frags};
+    // Two fragments per subgroup: the real kernel's workgroup as 4 subgroups (8 would need more
+    // shared memory than the H100's 48 KiB for q) against 32-key tiles.
+    if (row_frags > 1) o.fused_forward_tiles = {4, 32, forward_prefetch, paired, row_frags};
     return o;
   }
 };
