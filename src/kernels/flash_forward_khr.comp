@@ -4,11 +4,11 @@
 // subgroup-scope cooperative matrices (GL_KHR_cooperative_matrix, 16x16x16 fp16 with fp32
 // accumulation), FlashAttention-2 structure with the softmax in registers:
 //
-// one workgroup per (tile of BR = 16 x QF x WARPS query rows, head h, sequence); each subgroup
-// owns 16 x QF query rows, holds their q as A fragments and their output as QF x HD/16
-// accumulators for the whole loop. Per key tile of BC keys, the workgroup stages K and V (fp16
-// copies the host makes, rounded to nearest even as every fp16 operand of forja) in shared
-// memory; each subgroup computes its S = Q K^T (QF x BC/16 accumulators), the online softmax on its own elements (row maxima and sums
+// one workgroup per (tile of BR = 16 x WARPS query rows, head h, sequence); each subgroup owns 16
+// query rows, holds their q as A fragments and their output as HD/16 accumulators for the whole
+// loop. Per key tile of BC keys, the workgroup stages K and V (fp16 copies the host makes, rounded
+// to nearest even as every fp16 operand of forja) in shared memory; each subgroup computes its
+// S = Q K^T (BC/16 accumulators), the online softmax on its own elements (row maxima and sums
 // across the four lanes that share a row, by subgroup shuffles), rescales its accumulators,
 // converts P to A fragments (GL_NV_cooperative_matrix2's conversion between uses) and adds P V.
 // No [S, S] matrix exists anywhere and nothing goes through memory between the products.
@@ -29,7 +29,7 @@
 // Specialization constants: 0 workgroup size (32 x WARPS), 1 WARPS, 2 BC, 3 HD (= head_dim, a
 // multiple of 16 up to 128), 4 ROW_SHIFT and 5 COL_SHIFT (the accumulator's element order), 6
 // PREFETCH (the next key tile's loads in flight during this one's products), 7 PAIRED (each
-// workgroup takes two query tiles, see main), 8 QF (16-row query fragments per subgroup).
+// workgroup takes two query tiles, see main).
 // flash_fwd_khr_emu: the same without cooperative matrices (flash_khr_common.glsl), WARPS 1.
 //! variant flash_fwd_khr requires=nv_coopmat2
 //! variant flash_fwd_khr_emu -DEMULATE
@@ -70,10 +70,6 @@ layout(constant_id = 6) const bool PREFETCH = false;
 // cost the same and no long tile is left running alone at the end (one sequence gives 4 waves of
 // one workgroup per multiprocessor at 32 heads).
 layout(constant_id = 7) const bool PAIRED = false;
-// Query fragments of 16 rows per subgroup (1 or 2): with 2 each staged k and v fragment feeds two
-// products, half the shared-memory reads per product, at twice the registers for q, the scores
-// and the output.
-layout(constant_id = 8) const uint QF = 1;
 
 layout(push_constant) uniform PC {
   uint seq, n_heads, n_kv_heads, head_dim;
@@ -94,8 +90,7 @@ layout(set = 0, binding = 5) writeonly buffer Lse { float lse[]; };
 #define LN2 0.6931471805599453
 #define NEG_INF uintBitsToFloat(0xff800000u)
 
-const uint SR = 16u * QF;    // query rows per subgroup
-const uint BR = SR * WARPS;
+const uint BR = 16u * WARPS;
 const uint NT = 32u * WARPS;
 const uint HF = HD / 16u;  // fragments across head_dim
 const uint NF = BC / 16u;  // fragments across a key tile
@@ -146,40 +141,29 @@ void query_tile(const uint qt) {
   const uint warp = WARP, lane = LANE;
   const uint nh = pc.n_heads, nkv = pc.n_kv_heads, d = pc.head_dim;
   const uint g = h / (nh / nkv);
-  const uint q0 = qt * BR, qw = q0 + warp * SR;
+  const uint q0 = qt * BR, qw = q0 + warp * 16u;
   const uint tok0 = b * pc.seq, sbase = pc.seg_off + tok0;
   const uint q_first = pc.q_off + (tok0 * nh + h) * d;
   const uint k_first = pc.k_off + (tok0 * nkv + g) * d, v_first = pc.v_off + (tok0 * nkv + g) * d;
 
-  // q: staged, then this subgroup's SR rows as A fragments for the whole loop (fragment r's
-  // are qa[r * HF ...]).
+  // q: staged, then this subgroup's 16 rows as A fragments for the whole loop.
   STAGE(q8, 0u, q0, BR, q_first, nh * d);
   barrier();
-  FRAG_A qa[QF * HF];
-  UNROLL for (uint r = 0u; r < QF; ++r)
-    UNROLL for (uint k = 0u; k < HF; ++k)
-      LOAD(qa[r * HF + k], (warp * SR + 16u * r) * LD + 2u * k, ROW_MAJOR);
+  FRAG_A qa[HF];
+  UNROLL for (uint k = 0u; k < HF; ++k)
+    LOAD(qa[k], warp * 16u * LD + 2u * k, ROW_MAJOR);
 
-  // This lane's rows (the accumulator layout): r_lo and r_lo + 8 of each fragment's 16; row
-  // statistic x = 2 r + half belongs to fragment r.
+  // This lane's two rows (the accumulator layout): r_lo and r_lo + 8 of the subgroup's 16.
   const uint r_lo = lane >> 2u;
-  uint row[2u * QF];
-  int sq[2u * QF];
-  UNROLL for (uint x = 0u; x < 2u * QF; ++x) {
-    row[x] = qw + 16u * (x >> 1u) + r_lo + 8u * (x & 1u);
-    sq[x] = row[x] < pc.seq ? seg[sbase + row[x]] : 0;
-  }
+  const uint row0 = qw + r_lo, row1 = qw + r_lo + 8u;
+  const int seg0 = row0 < pc.seq ? seg[sbase + row0] : 0, seg1 = row1 < pc.seq ? seg[sbase + row1] : 0;
   int qlo, qhi;
   bool qgap;
   segment_range(sbase, q0, BR, qlo, qhi, qgap);
 
-  FRAG_C acc[QF * HF];
-  UNROLL for (uint f = 0u; f < QF * HF; ++f) acc[f] = C_ZERO;
-  float m[2u * QF], l[2u * QF];
-  UNROLL for (uint x = 0u; x < 2u * QF; ++x) {
-    m[x] = NEG_INF;
-    l[x] = 0.0;
-  }
+  FRAG_C acc[HF];
+  UNROLL for (uint f = 0u; f < HF; ++f) acc[f] = C_ZERO;
+  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0, 0.0};
   const float s2 = pc.scale * float(LOG2E);
 
   const uint q_end = min(pc.seq, q0 + BR);
@@ -219,99 +203,91 @@ void query_tile(const uint qt) {
       jn = next_tile(j + 1u, tiles, sbase, qlo, qhi, nlo, nhi, ngap);
       if (jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
     }
-    if (k0 > qw + SR - 1u) continue;  // past this subgroup's last row
+    if (k0 > qw + 15u) continue;  // past this subgroup's last row
     const bool full = !qgap && !kgap && qlo == qhi && klo == khi && qlo == klo && k0 + BC <= qw + 1u;
 
-    // S = Q K^T: K is staged [key][d], so K^T is its column-major reading; each K fragment
-    // serves the subgroup's QF query fragments (s[r * NF + n]).
-    FRAG_C s[QF * NF];
-    UNROLL for (uint n = 0u; n < QF * NF; ++n) s[n] = C_ZERO;
+    // S = Q K^T: K is staged [key][d], so K^T is its column-major reading.
+    FRAG_C s[NF];
     UNROLL for (uint n = 0u; n < NF; ++n) {
+      s[n] = C_ZERO;
       UNROLL for (uint k = 0u; k < HF; ++k) {
         FRAG_B kb;
         LOAD(kb, n * 16u * LD + 2u * k, COL_MAJOR);
-        UNROLL for (uint r = 0u; r < QF; ++r) s[r * NF + n] = MMA(qa[r * HF + k], kb, s[r * NF + n]);
+        s[n] = MMA(qa[k], kb, s[n]);
       }
     }
 
-    // Online softmax on this lane's elements: element i of fragment r is in row statistic
-    // 2 r + ((i >> ROW_SHIFT) & 1).
-    float mx[2u * QF];
-    UNROLL for (uint x = 0u; x < 2u * QF; ++x) mx[x] = NEG_INF;
-    UNROLL for (uint r = 0u; r < QF; ++r) {
-      UNROLL for (uint n = 0u; n < NF; ++n) {
-        UNROLL for (uint i = 0u; i < 8u; ++i) {
-          const uint x = 2u * r + ((i >> ROW_SHIFT) & 1u);
-          float v = s[r * NF + n][i] * s2;
-          if (!full) {
-            const uint c = n * 16u + lane_col(lane, i);
-            if (k0 + c > row[x] || row[x] >= pc.seq || sq[x] == 0 || sseg_k[c] != sq[x]) v = NEG_INF;
-          }
-          s[r * NF + n][i] = v;
-          mx[x] = max(mx[x], v);
+    // Online softmax on this lane's elements: element i is in row half (i >> ROW_SHIFT) & 1.
+    float mx[2] = {NEG_INF, NEG_INF};
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      UNROLL for (uint i = 0u; i < 8u; ++i) {
+        const uint hh = (i >> ROW_SHIFT) & 1u;
+        float x = s[n][i] * s2;
+        if (!full) {
+          const uint c = n * 16u + lane_col(lane, i);
+          const uint qi = hh == 0u ? row0 : row1;
+          const int sq = hh == 0u ? seg0 : seg1;
+          if (k0 + c > qi || qi >= pc.seq || sq == 0 || sseg_k[c] != sq) x = NEG_INF;
         }
+        s[n][i] = x;
+        mx[hh] = max(mx[hh], x);
       }
     }
-    float alpha[2u * QF], m_use[2u * QF], ls[2u * QF];
-    UNROLL for (uint x = 0u; x < 2u * QF; ++x) {
-      mx[x] = max(mx[x], SHUFFLE_XOR(mx[x], 1u));
-      mx[x] = max(mx[x], SHUFFLE_XOR(mx[x], 2u));
-      const float m_new = max(m[x], mx[x]);
-      m_use[x] = m_new == NEG_INF ? 0.0 : m_new;  // a row that has seen nothing yet: exp2(-inf) = 0
-      alpha[x] = exp2(m[x] - m_use[x]);
-      m[x] = m_new;
-      ls[x] = 0.0;
+    float alpha[2], m_use[2], ls[2] = {0.0, 0.0};
+    UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
+      mx[hh] = max(mx[hh], SHUFFLE_XOR(mx[hh], 1u));
+      mx[hh] = max(mx[hh], SHUFFLE_XOR(mx[hh], 2u));
+      const float m_new = max(m[hh], mx[hh]);
+      m_use[hh] = m_new == NEG_INF ? 0.0 : m_new;  // a row that has seen nothing yet: exp2(-inf) = 0
+      alpha[hh] = exp2(m[hh] - m_use[hh]);
+      m[hh] = m_new;
     }
-    UNROLL for (uint r = 0u; r < QF; ++r) {
-      UNROLL for (uint n = 0u; n < NF; ++n) {
-        UNROLL for (uint i = 0u; i < 8u; ++i) {
-          const uint x = 2u * r + ((i >> ROW_SHIFT) & 1u);
-          const float p = exp2(s[r * NF + n][i] - m_use[x]);
-          s[r * NF + n][i] = p;
-          ls[x] += p;
-        }
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      UNROLL for (uint i = 0u; i < 8u; ++i) {
+        const uint hh = (i >> ROW_SHIFT) & 1u;
+        const float p = exp2(s[n][i] - m_use[hh]);
+        s[n][i] = p;
+        ls[hh] += p;
       }
     }
-    UNROLL for (uint x = 0u; x < 2u * QF; ++x) {
-      ls[x] += SHUFFLE_XOR(ls[x], 1u);
-      ls[x] += SHUFFLE_XOR(ls[x], 2u);
-      l[x] = alpha[x] * l[x] + ls[x];
+    UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
+      ls[hh] += SHUFFLE_XOR(ls[hh], 1u);
+      ls[hh] += SHUFFLE_XOR(ls[hh], 2u);
+      l[hh] = alpha[hh] * l[hh] + ls[hh];
     }
-    UNROLL for (uint r = 0u; r < QF; ++r)
-      UNROLL for (uint f = 0u; f < HF; ++f)
-        UNROLL for (uint i = 0u; i < 8u; ++i) acc[r * HF + f][i] *= alpha[2u * r + ((i >> ROW_SHIFT) & 1u)];
+    UNROLL for (uint f = 0u; f < HF; ++f)
+      UNROLL for (uint i = 0u; i < 8u; ++i) acc[f][i] *= alpha[(i >> ROW_SHIFT) & 1u];
 
-    // O += P V: P (rounded to fp16 by the conversion) as A fragments, V staged [key][d] row-major;
-    // each V fragment serves the QF query fragments.
-    FRAG_A pa[QF * NF];
-    UNROLL for (uint n = 0u; n < QF * NF; ++n) pa[n] = TO_A(s[n]);
+    // O += P V: P (rounded to fp16 by the conversion) as A fragments, V staged [key][d] row-major.
+    FRAG_A pa[NF];
+    UNROLL for (uint n = 0u; n < NF; ++n) pa[n] = TO_A(s[n]);
     UNROLL for (uint f = 0u; f < HF; ++f) {
       UNROLL for (uint n = 0u; n < NF; ++n) {
         FRAG_B vb;
         LOAD(vb, KV_SIZE + n * 16u * LD + 2u * f, ROW_MAJOR);
-        UNROLL for (uint r = 0u; r < QF; ++r) acc[r * HF + f] = MMA(pa[r * NF + n], vb, acc[r * HF + f]);
+        acc[f] = MMA(pa[n], vb, acc[f]);
       }
     }
   }
 
   // out = O / l for this lane's elements (two adjacent columns per element pair); lse by the
   // first lane of each row.
-  float inv[2u * QF];
-  UNROLL for (uint x = 0u; x < 2u * QF; ++x) inv[x] = l[x] == 0.0 ? 0.0 : 1.0 / l[x];
+  const float inv[2] = {l[0] == 0.0 ? 0.0 : 1.0 / l[0], l[1] == 0.0 ? 0.0 : 1.0 / l[1]};
   const uint out_first = pc.out_off + (tok0 * nh + h) * d;
-  UNROLL for (uint r = 0u; r < QF; ++r) {
-    UNROLL for (uint f = 0u; f < HF; ++f) {
-      UNROLL for (uint i = 0u; i < 8u; ++i) {
-        const uint x = 2u * r + ((i >> ROW_SHIFT) & 1u);
-        const uint c = f * 16u + lane_col(lane, i);
-        if (row[x] < pc.seq) o[out_first + row[x] * nh * d + c] = acc[r * HF + f][i] * inv[x];
-      }
+  UNROLL for (uint f = 0u; f < HF; ++f) {
+    UNROLL for (uint i = 0u; i < 8u; ++i) {
+      const uint hh = (i >> ROW_SHIFT) & 1u;
+      const uint qi = hh == 0u ? row0 : row1;
+      const uint c = f * 16u + lane_col(lane, i);
+      if (qi < pc.seq) o[out_first + qi * nh * d + c] = acc[f][i] * inv[hh];
     }
   }
   if ((lane & 3u) == 0u) {
     const uint stat = pc.lse_off + (b * nh + h) * pc.seq;
-    UNROLL for (uint x = 0u; x < 2u * QF; ++x)
-      if (row[x] < pc.seq) lse[stat + row[x]] = l[x] == 0.0 ? NEG_INF : (m[x] + log2(l[x])) * float(LN2);
+    UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
+      const uint qi = hh == 0u ? row0 : row1;
+      if (qi < pc.seq) lse[stat + qi] = l[hh] == 0.0 ? NEG_INF : (m[hh] + log2(l[hh])) * float(LN2);
+    }
   }
 }
 

@@ -54,14 +54,10 @@ struct AttentionGemmOptions {
   // cost the same), half as many workgroups (`forja bench attention --paired`). Off until measured
   // on a GPU (written when the device time ran out; the tests cover it); FORJA_ATTENTION_PAIRED=1
   // makes it the default, for the training step.
-  // row_frags: 16-row query fragments per subgroup, 1 or 2 (workgroups of 16 x row_frags x warps
-  // rows): with 2 every staged k and v fragment feeds two products, half the shared-memory reads
-  // per product, for twice the registers of q, scores and output.
   struct FusedForwardTiles {
     uint32_t warps = 8, keys = 64;
     bool prefetch = false;
     bool paired = attention_paired_default();
-    uint32_t row_frags = 1;
   } fused_forward_tiles;
   // The backward as two fused kernels (kernels/flash_backward_khr.comp: dq per query tile; dk and
   // dv together per key tile, summing a kv head's query heads; P recomputed from lse in registers)

@@ -55,15 +55,13 @@ struct Impl {
   uint32_t emulated_tile = 32;      // and this tile of keys / queries
   bool forward_prefetch = false;    // the fused forward's prefetch of the next key tile
   bool paired = false;              // the fused kernels' workgroups take two row tiles
-  uint32_t row_frags = 1;           // the fused forward's 16-row query fragments per subgroup
   std::string name() const {
     return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) +
                       (fused_forward ? " fused forward" : "") + (fused_backward ? " fused backward" : "") +
                       (emulated_row_shift ? " emulated, row shift " + std::to_string(emulated_row_shift) +
                                                 ", tile " + std::to_string(emulated_tile)
                                           : "") +
-                      (forward_prefetch ? ", prefetch" : "") + (paired ? ", paired" : "") +
-                      (row_frags > 1 ? ", row fragments " + std::to_string(row_frags) : "")
+                      (forward_prefetch ? ", prefetch" : "") + (paired ? ", paired" : "")
                 : "tiled";
   }
   ops::AttentionGemmOptions options() const {
@@ -75,9 +73,6 @@ struct Impl {
     o.emulated_tile = emulated_tile;
     o.fused_forward_tiles.prefetch = forward_prefetch;
     o.fused_forward_tiles.paired = o.fused_backward_tiles.paired = paired;
-    // Two fragments per subgroup: the real kernel's workgroup as 4 subgroups (8 would need more
-    // shared memory than the H100's 48 KiB for q) against 32-key tiles.
-    if (row_frags > 1) o.fused_forward_tiles = {4, 32, forward_prefetch, paired, row_frags};
     return o;
   }
 };
@@ -232,17 +227,16 @@ TEST_F(AttentionTest, GemmPathPackedSegmentsMatchReference) {
 
 // The fused forward kernel (kernels/flash_forward_khr.comp), where the device runs it (NVIDIA):
 // head_dim 16, 64, 128, sequences shorter than, equal to and beyond its 64-row and 64-key tiles,
-// with ragged ends; causal and packed; one or two query tiles per workgroup, one or two query
-// fragments per subgroup; the backward (GEMM kernels) on its out and lse.
+// with ragged ends; causal and packed; one or two query tiles per workgroup; the backward (GEMM
+// kernels) on its out and lse.
 TEST_F(AttentionTest, FusedForwardMatchesReference) {
   const std::string why = ops::attention_fused_forward_unsupported(ctx(), 64);
   if (!why.empty()) GTEST_SKIP() << "no fused attention forward here: " << why;
   const Shape shapes[] = {{2, 7, 4, 2, 16},   {2, 65, 4, 2, 128}, {1, 64, 3, 1, 64}, {2, 130, 6, 1, 64},
                           {1, 200, 4, 2, 128}, {1, 256, 8, 2, 128}, {3, 33, 2, 2, 32}};
   Impl fused{true, ops::GemmKernel::automatic, 0, true};
-  for (const auto& [paired, row_frags] : {std::pair{false, 1u}, {true, 1u}, {false, 2u}, {true, 2u}}) {
+  for (const bool paired : {false, true}) {
     fused.paired = paired;
-    fused.row_frags = row_frags;
     for (const Shape& s : shapes) {
       check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
       check(s, packed_segments(s, rng_), fused);
@@ -276,9 +270,8 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
 // cooperative matrices) on any device, lavapipe included: their tiling, masks, online softmax and
 // the backward's recomputation from lse, forward and backward, in both accumulator orders the
 // kernels know; sequences shorter than and beyond the emulation's 16-row and 32-key tiles, head_dim
-// 16 to 128, GQA 1 to 6, causal and packed; the forward with and without its prefetch, with one
-// or two query fragments per subgroup (cases 2, 3, 5, 7), the row tiles one or two per workgroup
-// (cases 1, 2, 5, 6: odd and even tile counts). Lavapipe
+// 16 to 128, GQA 1 to 6, causal and packed; the forward with and without its prefetch, the row
+// tiles one or two per workgroup (cases 1, 2, 5, 6: odd and even tile counts). Lavapipe
 // compiles each (kernel, head_dim, order) for about 2 s, so few of them are asked for.
 TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
   // (shape, accumulator order, tile): tile 64 is the real kernels' (forward keys, the backward's
@@ -293,7 +286,6 @@ TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
     fused.fused_backward = true;
     fused.forward_prefetch = prefetch = !prefetch;
     fused.paired = index % 4 == 1 || index % 4 == 2;
-    fused.row_frags = index == 1 || index == 2 || index == 4 || index == 6 ? 2 : 1;
     ++index;
     fused.emulated_row_shift = row_shift;
     fused.emulated_tile = tile;
