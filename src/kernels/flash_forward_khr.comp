@@ -291,16 +291,14 @@ void query_tile(const uint qt) {
   }
 }
 
+// Paired, the two tiles run in a loop that is kept, so the shader holds one copy of query_tile
+// (flash_backward_khr.comp's main says why).
 void main() {
-  if (!PAIRED) {
-    query_tile(gl_WorkGroupID.x);
-    return;
-  }
   const uint n = (pc.seq + BR - 1u) / BR, w = gl_WorkGroupID.x;
-  query_tile(w);
-  if (n - 1u - w != w) {
-    barrier();  // every subgroup is done with the shared memory of the first tile
-    query_tile(n - 1u - w);
+  const uint count = PAIRED && n - 1u - w != w ? 2u : 1u;
+  [[dont_unroll]] for (uint t = 0u; t < count; ++t) {
+    if (t > 0u) barrier();  // every subgroup is done with the shared memory of the first tile
+    query_tile(t == 0u ? w : n - 1u - w);
   }
 }
 #endif
