@@ -8,7 +8,7 @@
 # $OUT/peer.jsonl, and prints tokens/s per run. AB_SHAPES (BATCHxSEQ[:ckpt], space-separated;
 # default "1x2048:ckpt 8x2048:ckpt") picks the shapes, each for forja and the peer; AB_ROUNDS
 # (default 2) how many before/after pairs each shape gets; AB_BINARIES=after runs only .dist/forja.
-# AB_AFTER_ENV (e.g. "FORJA_ATTENTION_PAIRED=1") is set for the "after" runs only; without
+# AB_AFTER_ENV (e.g. "FORJA_ATTENTION_PAIRED=0") is set for the "after" runs only; without
 # .dist/forja-before, "before" is .dist/forja too, so one binary is measured with and without it.
 set -o pipefail
 source bench/device_env.sh

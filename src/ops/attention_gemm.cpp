@@ -1,6 +1,7 @@
 #include "ops/attention_gemm.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -468,7 +469,10 @@ bool attention_gemm_takes_f16_qk(gpu::Context& ctx, uint32_t batch, uint32_t seq
 }
 
 bool attention_paired_default() {
-  static const bool paired = gpu::env_flag("FORJA_ATTENTION_PAIRED");
+  static const bool paired = [] {
+    const char* v = std::getenv("FORJA_ATTENTION_PAIRED");
+    return !(v && std::string(v) == "0");
+  }();
   return paired;
 }
 
