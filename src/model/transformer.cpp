@@ -274,6 +274,16 @@ MatrixView Transformer::dequantised(size_t layer, LinearKind kind, const BaseLin
   return MatrixView{slot.buffer, DType::f16, 0, ld};
 }
 
+void Transformer::prefetch_forward_weight(size_t layer, LinearKind kind) {
+  const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
+  if (!lin.nf4 || !nf4_scratch_.valid()) return;  // the fused NF4 products or dense weights: no slot
+  const LoraSlot* slot = lora_.find(static_cast<int64_t>(layer), kind);
+  if (lora_folds(lin, slot))
+    dequantised(layer, kind, lin, FoldSide::forward, slot);
+  else
+    base_fp16(layer, kind, lin);
+}
+
 int Transformer::range_site(size_t layer, LinearKind kind) {
   using K = LinearKind;
   const int input = kind == K::O ? 1 : kind == K::Gate || kind == K::Up ? 2 : kind == K::Down ? 3 : 0;
@@ -626,10 +636,14 @@ class Transformer::ForwardSteps : public BlockSteps {
       input16_ready = true;  // the group's first base product made the copy
     }
     e_.linear_forward(layer_, kind, x, y, a_.t, accumulate, t_ready, input16_ready, x_f16);
+    // The next projection's weight, dequantised while this product runs (the recomputation's
+    // down_proj too: its backward then finds W in the slot).
+    if (kind != K::Down) e_.prefetch_forward_weight(layer_, static_cast<K>(static_cast<int>(kind) + 1));
   }
 
   void norm(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& w, const gpu::Buffer& y, const gpu::Buffer& rstd,
             uint32_t tokens, uint32_t cols, float eps, bool mlp) override {
+    if (!mlp) e_.prefetch_forward_weight(layer_, LinearKind::Q);  // q_proj's weight beside the norm
     if (!e_.norm_f16(layer_, mlp)) return BlockSteps::norm(ctx, x, w, y, rstd, tokens, cols, eps, mlp);
     const ops::Fp16RangeFlag flag{e_.range_flags_,
                                   static_cast<uint32_t>(e_.range_site(layer_, mlp ? LinearKind::Gate : LinearKind::Q))};

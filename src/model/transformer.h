@@ -138,6 +138,10 @@ class Transformer {
   enum class FoldSide { none, forward, backward };
   ops::MatrixView dequantised(size_t layer, LinearKind kind, const BaseLinear& lin, FoldSide fold,
                               const LoraSlot* s = nullptr);
+  // The forward's dequantisation of (layer, kind) ahead of its product, as linear_forward would
+  // make it (nothing where it takes no slot): issued right after the previous product, whose
+  // work does not touch this slot, it runs beside that product instead of before its own.
+  void prefetch_forward_weight(size_t layer, LinearKind kind);
   // A base product's input [T, cols]: x itself, or its fp16 copy in input16_ (mixed); ready: the
   // previous product had the same input, so input16_ holds its copy already.
   // extra: the copy's rows are cols + extra long, room for a LoRA factor beside x (lora_folds).
