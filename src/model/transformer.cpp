@@ -264,22 +264,25 @@ MatrixView Transformer::dequantised(size_t layer, LinearKind kind, const BaseLin
     if (!have_w) {
       const ops::Nf4Beside a_rows{lora_.params(), s->a_offset, lin.in, below, P, lin.in, s->rank, lin.in, 1.0f};
       ops::nf4_dequantize(ctx_, *lin.nf4, slot.buffer, DType::f16, ld, &a_rows);
-    } else {
+    } else if (slot.a_rows_layer != l || slot.a_rows_run != run_count_) {
       ops::to_f16_block(ctx_, lora_.params(), s->a_offset, lin.in, slot.buffer, below, ld, s->rank, lin.in, lin.in);
     }
+    slot.a_rows_layer = l, slot.a_rows_run = run_count_;
   } else if (!have_w) {
     ops::nf4_dequantize(ctx_, *lin.nf4, slot.buffer, DType::f16, ld);
   }
+  if (!have_w && fold != FoldSide::backward) slot.a_rows_layer = -1;  // a new W; A's rows are not its layer's
   slot.layer = l;
   return MatrixView{slot.buffer, DType::f16, 0, ld};
 }
 
-void Transformer::prefetch_forward_weight(size_t layer, LinearKind kind) {
+void Transformer::prefetch_weight(size_t layer, LinearKind kind, bool backward) {
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
   if (!lin.nf4 || !nf4_scratch_.valid()) return;  // the fused NF4 products or dense weights: no slot
   const LoraSlot* slot = lora_.find(static_cast<int64_t>(layer), kind);
-  if (lora_folds(lin, slot))
-    dequantised(layer, kind, lin, FoldSide::forward, slot);
+  // linear_backward folds where linear_forward does, except with dropout
+  if (lora_folds(lin, slot) && !(backward && dropout_on_))
+    dequantised(layer, kind, lin, backward ? FoldSide::backward : FoldSide::forward, slot);
   else
     base_fp16(layer, kind, lin);
 }
@@ -638,12 +641,12 @@ class Transformer::ForwardSteps : public BlockSteps {
     e_.linear_forward(layer_, kind, x, y, a_.t, accumulate, t_ready, input16_ready, x_f16);
     // The next projection's weight, dequantised while this product runs (the recomputation's
     // down_proj too: its backward then finds W in the slot).
-    if (kind != K::Down) e_.prefetch_forward_weight(layer_, static_cast<K>(static_cast<int>(kind) + 1));
+    if (kind != K::Down) e_.prefetch_weight(layer_, static_cast<K>(static_cast<int>(kind) + 1), false);
   }
 
   void norm(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& w, const gpu::Buffer& y, const gpu::Buffer& rstd,
             uint32_t tokens, uint32_t cols, float eps, bool mlp) override {
-    if (!mlp) e_.prefetch_forward_weight(layer_, LinearKind::Q);  // q_proj's weight beside the norm
+    if (!mlp) e_.prefetch_weight(layer_, LinearKind::Q, false);  // q_proj's weight beside the norm
     if (!e_.norm_f16(layer_, mlp)) return BlockSteps::norm(ctx, x, w, y, rstd, tokens, cols, eps, mlp);
     const ops::Fp16RangeFlag flag{e_.range_flags_,
                                   static_cast<uint32_t>(e_.range_site(layer_, mlp ? LinearKind::Gate : LinearKind::Q))};
@@ -726,7 +729,10 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
   if (lora_f16_) ops::to_f16(ctx_, a.t, t16_, uint64_t(T) * lora_width_);  // the dB products' t
 
   // MLP: dx is the gradient of x3 = x2 + down(act)
+  // Each projection's weight is prefetched right after the previous product (prefetch_weight):
+  // Down, Gate, Up, O, then Q beside the attention's backward, K, V.
   linear_backward(i, K::Down, a.act, a.t, dx, g.dact, false, false, false, down_f16(i));
+  prefetch_weight(i, K::Gate, true);
   const bool mlp16 = mlp_backward_f16(i);
   if (mlp16)
     ops::swiglu_backward_f16(ctx_, a.g, a.u, g.dact, g.dg, g.du, T, I, I + lora_pad_);
@@ -735,12 +741,15 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
   const uint32_t mlp = lora_group(i, {K::Gate, K::Up});
   const bool h2_f16 = norm_f16(i, true), h1_f16 = norm_f16(i, false);
   linear_backward(i, K::Gate, a.h2, a.t, g.dg, g.dh, false, mlp > 0, mlp16, h2_f16);
+  prefetch_weight(i, K::Up, true);
   linear_backward(i, K::Up, a.h2, a.t, g.du, g.dh, true, mlp > 1, mlp16, h2_f16);
+  prefetch_weight(i, K::O, true);
   if (mlp) lora_group_backward(i, K::Gate, mlp, a.h2, g.dh, h2_f16);
   ops::rmsnorm_backward(ctx_, g.dh, a.x2, L.post_norm, DType::f32, a.rstd2, dx, T, H, true);  // dx: grad of x2
 
   // Attention: x2 = x + o_proj(att)
   linear_backward(i, K::O, a.att, a.t, dx, g.datt, false);
+  prefetch_weight(i, K::Q, true);
   const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
   if (attention_ == Attention::flash) {
     ops::flash_attention_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_,
@@ -767,7 +776,9 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
   }
   const uint32_t qkv = lora_group(i, {K::Q, K::K, K::V});
   linear_backward(i, K::Q, a.h1, a.t, dq, g.dh, false, qkv > 0, false, h1_f16);
+  prefetch_weight(i, K::K, true);
   linear_backward(i, K::K, a.h1, a.t, dk, g.dh, true, qkv > 1, false, h1_f16);
+  prefetch_weight(i, K::V, true);
   linear_backward(i, K::V, a.h1, a.t, g.dv, g.dh, true, qkv > 2, false, h1_f16);
   if (qkv) lora_group_backward(i, K::Q, qkv, a.h1, g.dh, h1_f16);
   ops::rmsnorm_backward(ctx_, g.dh, x_in, L.input_norm, DType::f32, a.rstd1, dx, T, H, true);  // dx: grad of x

@@ -138,10 +138,11 @@ class Transformer {
   enum class FoldSide { none, forward, backward };
   ops::MatrixView dequantised(size_t layer, LinearKind kind, const BaseLinear& lin, FoldSide fold,
                               const LoraSlot* s = nullptr);
-  // The forward's dequantisation of (layer, kind) ahead of its product, as linear_forward would
-  // make it (nothing where it takes no slot): issued right after the previous product, whose
-  // work does not touch this slot, it runs beside that product instead of before its own.
-  void prefetch_forward_weight(size_t layer, LinearKind kind);
+  // The dequantisation of (layer, kind) ahead of its product, as linear_forward (forward) or
+  // linear_backward (backward) would make it (nothing where it takes no slot): issued right after
+  // the previous product, whose work does not touch this slot, it runs beside that product
+  // instead of before its own.
+  void prefetch_weight(size_t layer, LinearKind kind, bool backward);
   // A base product's input [T, cols]: x itself, or its fp16 copy in input16_ (mixed); ready: the
   // previous product had the same input, so input16_ holds its copy already.
   // extra: the copy's rows are cols + extra long, room for a LoRA factor beside x (lora_folds).
@@ -248,6 +249,8 @@ class Transformer {
     int64_t layer = -1;            // whose W it holds
     int64_t scaled_b_layer = -1;   // whose scale B is beside W (rows [0, out) past column in)
     uint64_t scaled_b_run = 0;     // written in this run (run_count_)
+    int64_t a_rows_layer = -1;     // whose A is below W (rows [out, out + fold))
+    uint64_t a_rows_run = 0;       // written in this run
   };
   std::array<DequantSlot, 7> dequant_slots_;
   uint64_t run_count_ = 0;
