@@ -99,6 +99,11 @@ bool env_flag(const char* name) {
   return v && *v && std::strcmp(v, "0") != 0;
 }
 
+bool env_flag_default_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
 namespace {
 
 std::atomic<uint64_t> g_validation_messages{0};

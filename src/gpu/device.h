@@ -166,5 +166,7 @@ class Device {
 
 // True when the environment variable is set to something other than "" or "0".
 bool env_flag(const char* name);
+// A setting that is on unless the environment variable is "0" (for measuring with it off).
+bool env_flag_default_on(const char* name);
 
 }  // namespace forja::gpu

@@ -277,8 +277,10 @@ MatrixView Transformer::dequantised(size_t layer, LinearKind kind, const BaseLin
 }
 
 void Transformer::prefetch_weight(size_t layer, LinearKind kind, bool backward) {
+  // FORJA_DEQUANT_PREFETCH=0: each dequantisation at its product, for measuring the difference
+  static const bool on = gpu::env_flag_default_on("FORJA_DEQUANT_PREFETCH");
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
-  if (!lin.nf4 || !nf4_scratch_.valid()) return;  // the fused NF4 products or dense weights: no slot
+  if (!on || !lin.nf4 || !nf4_scratch_.valid()) return;  // the fused NF4 products or dense weights: no slot
   const LoraSlot* slot = lora_.find(static_cast<int64_t>(layer), kind);
   // linear_backward folds where linear_forward does, except with dropout
   if (lora_folds(lin, slot) && !(backward && dropout_on_))

@@ -1,7 +1,6 @@
 #include "ops/attention_gemm.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -469,10 +468,7 @@ bool attention_gemm_takes_f16_qk(gpu::Context& ctx, uint32_t batch, uint32_t seq
 }
 
 bool attention_paired_default() {
-  static const bool paired = [] {
-    const char* v = std::getenv("FORJA_ATTENTION_PAIRED");
-    return !(v && std::string(v) == "0");
-  }();
+  static const bool paired = gpu::env_flag_default_on("FORJA_ATTENTION_PAIRED");
   return paired;
 }
 
