@@ -282,8 +282,7 @@ void Transformer::prefetch_weight(size_t layer, LinearKind kind, bool backward) 
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
   if (!on || !lin.nf4 || !nf4_scratch_.valid()) return;  // the fused NF4 products or dense weights: no slot
   const LoraSlot* slot = lora_.find(static_cast<int64_t>(layer), kind);
-  // linear_backward folds where linear_forward does, except with dropout
-  if (lora_folds(lin, slot) && !(backward && dropout_on_))
+  if (backward ? lora_folds_backward(lin, slot) : lora_folds(lin, slot))
     dequantised(layer, kind, lin, backward ? FoldSide::backward : FoldSide::forward, slot);
   else
     base_fp16(layer, kind, lin);
@@ -329,6 +328,10 @@ MatrixView Transformer::base_input(const gpu::Buffer& x, uint32_t cols, bool rea
   else
     ops::to_f16_block(ctx_, x, 0, cols, input16_, 0, ld, tokens_, cols, cols, 1.0f, check);
   return MatrixView{input16_, DType::f16, 0, ld};
+}
+
+bool Transformer::lora_folds_backward(const BaseLinear& lin, const LoraSlot* s) const {
+  return !dropout_on_ && lora_folds(lin, s);  // with dropout dx gets mask * (dt A), which cannot join dy W
 }
 
 bool Transformer::lora_folds(const BaseLinear& lin, const LoraSlot* s) const {
@@ -464,8 +467,7 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   const uint32_t T = tokens_;
   const float beta = accumulate_dx ? 1.0f : 0.0f;
   const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind);
-  // With dropout dx gets mask * (dt A), which cannot join dy W.
-  if (!dropout_on_ && lora_folds(lin, s)) return linear_backward_folded(lin, *s, x, dy, dx, beta, grouped, dy_f16, x_f16);
+  if (lora_folds_backward(lin, s)) return linear_backward_folded(lin, *s, x, dy, dx, beta, grouped, dy_f16, x_f16);
   if (dy_f16 || x_f16) throw std::logic_error("linear_backward: an fp16 dy or x needs the folded LoRA path");
   // dx (=|+=) dy W
   if (lin.nf4 && !nf4_scratch_.valid()) {

@@ -156,6 +156,8 @@ class Transformer {
   // into nf4_scratch_, fp16 input copies), instead of rank-r passes over y and dx, which read and
   // write them whole: on an H100 those were 9% of the Qwen3-4B step (docs/benchmarks.md).
   bool lora_folds(const BaseLinear& lin, const LoraSlot* s) const;
+  // The same for the backward: not while LoRA dropout acts.
+  bool lora_folds_backward(const BaseLinear& lin, const LoraSlot* s) const;
   // y (=|+=) x W^T (+ b) + scale * (x A^T) B^T; saves x A^T in lora_t (x -> dropout(x) in the
   // LoRA path while dropout acts).
   // lora_t is the layer's [T, targets * r] buffer of LoRA inputs (LayerActs::t); with
