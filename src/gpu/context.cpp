@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string_view>
 
 #include "gpu/vk_check.h"
 
@@ -22,6 +24,8 @@ Context::Context(std::shared_ptr<Device> device) : device_(std::move(device)) {
   arena_ = std::make_unique<Arena>(device_);
   pipelines_ = std::make_unique<PipelineCache>(device_);
   profiling_ = env_flag("FORJA_PROFILE") && device_->info().timestamps;
+  const char* profile = std::getenv("FORJA_PROFILE");
+  profile_shapes_ = profiling_ && std::string_view(profile) == "shapes";
   if (profiling_) max_batch_ = std::min(max_batch_, max_timed_);
 
   VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <optional>
 #include <stdexcept>
+#include <string>
 
 #include "kernels/kernel_table.h"
 #include "util/error.h"
@@ -255,6 +256,16 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
                 oc.offset, static_cast<uint32_t>(s.a_stride), static_cast<uint32_t>(s.b_stride),
                 static_cast<uint32_t>(s.c_stride), s.alpha, s.beta};
   const double flops = 2.0 * s.m * s.n * s.k * s.batch;
+  // The profile's name: the product's, or the kernel's; with FORJA_PROFILE=shapes its shape too.
+  std::string shaped;
+  auto op_name = [&](const char* kernel_name) -> const char* {
+    const char* name = s.op ? s.op : kernel_name;
+    if (!ctx.profiling_shapes()) return name;
+    shaped = std::string(name) + " " + std::to_string(s.m) + "x" + std::to_string(s.n) + "x" + std::to_string(s.k) +
+             (s.batch > 1 ? "x" + std::to_string(s.batch) : std::string()) + (s.trans_a ? " T" : " N") +
+             (s.trans_b ? "T" : "N");
+    return shaped.c_str();
+  };
   std::vector<gpu::Binding> bindings = {{oa.binding, gpu::Access::read},
                                         {ob.binding, gpu::Access::read},
                                         {oc.binding, s.beta != 0.0f ? gpu::Access::read_write : gpu::Access::write}};
@@ -273,7 +284,7 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
     const bool vec_c = chunks_ok(c.ld, oc.offset, s.c_stride, s.n);
     const char* base = mixed ? "gemm_f32f16" : a.dtype == DType::f16 ? "gemm_f16" : "gemm_f32";
     const auto& p = ctx.pipelines().get(scalar_kernel(mixed, a.dtype, t.bm), {s.trans_a, s.trans_b, vec_a, vec_b, vec_c});
-    ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, s.op ? s.op : base,
+    ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, op_name(base),
                  flops);
     return;
   }
@@ -284,7 +295,7 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
     const kernels::Kernel& k = mixed ? (exact ? kernels::gemm_cm2_af32 : kernels::gemm_cm2_af32_edge)
                                      : (exact ? kernels::gemm_cm2 : kernels::gemm_cm2_edge);
     const auto& p = ctx.pipelines().get(k, {t.threads, t.bm, t.bn, t.bk, t.unroll, t.group_m, s.trans_a, s.trans_b, aligned});
-    ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, s.op ? s.op : k.name,
+    ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, op_name(k.name),
                  flops);
     return;
   }
@@ -311,7 +322,7 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
   const auto& p = ctx.pipelines().get(k, {threads, t.bm, t.bn, t.bk, t.wm, t.wn, t.stages, s.trans_a, s.trans_b, vec_a,
                                        vec_b, frag.subgroup_size, frag.m, frag.n, frag.k},
                                       khr ? frag.subgroup_size : 0);
-  ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, s.op ? s.op : k.name,
+  ctx.dispatch(p, bindings, push, (s.n + t.bn - 1) / t.bn, (s.m + t.bm - 1) / t.bm, s.batch, op_name(k.name),
                flops);
 }
 

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run 27 (2026-12-07, ninth session): main 9ef3fbd (the dequantisation prefetch, unmeasured until
+# now): the GPU tests of the step, the attention kernels and the memory plan; the training step
+# with the prefetch on and off (FORJA_DEQUANT_PREFETCH=0, one binary, alternated); a profile of
+# the 1x2048 step.
+set -o pipefail
+source bench/device_env.sh
+export FORJA_PARITY_DIR=$PWD/.dist/parity FORJA_TEST_PROGRAM=$PWD/.dist/forja
+F=.dist/forja
+SECONDS=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+timeout 150 .dist/forja_tests --gtest_filter='TrainStep.*:ParityMixed.*:*/Parity.*:MemoryPlan.*:AttentionTest.Fused*' > $OUT/tests.txt 2>&1
+grep -E "^\[  (PASSED|FAILED)|FAILED|tests ran" $OUT/tests.txt | head -20; echo "tests done at $SECONDS s"
+rm -f .dist/forja-before
+OUT=$OUT AB_ROUNDS=2 AB_SHAPES="1x2048:ckpt 8x2048:ckpt 4x512" AB_AFTER_ENV=FORJA_DEQUANT_PREFETCH=0 timeout 330 bash bench/ab_step.sh
+echo "a/b done at $SECONDS s"
+FORJA_PROFILE=shapes timeout 60 $F bench --shape qwen3-4b --peak-tflops 989 --batch 1 --seq-len 2048 --grad-checkpointing on --steps 4 --warmup 2 > $OUT/profile-1x2048.txt 2>&1
+grep -E "attention_fused|nf4_dequantize|to_f16_block|tokens/s|peak GPU" $OUT/profile-1x2048.txt
+echo "all done at $SECONDS s"
