@@ -130,6 +130,9 @@ int run_bench(BenchOptions o) {
   plan_settings.attention_qk_f16 =
       model::attention_keeps_fp16_qk(*ctx, c, static_cast<uint32_t>(plan_settings.batch),
                                      static_cast<uint32_t>(plan_settings.seq_len), plan_settings.fused_attention_backward);
+  // the engine keeps attention outputs with the GEMM path's fused backward and fp16 LoRA products only
+  plan_settings.keep_attention = (o.attention == "automatic" || o.attention == "gemm") && o.lora_products != "fp32";
+  model::choose_kept_attention(c, plan_settings, ctx->info().device_local_bytes());
   const model::MemoryPlan plan = model::plan_training_memory(c, plan_settings);
   const model::StepFlops flops =
       model::training_step_flops(c, o.batch, o.seq_len, o.lora_rank, plan_settings.targets);
@@ -146,7 +149,10 @@ int run_bench(BenchOptions o) {
   std::fprintf(progress, "  batch %u x seq %u = %u tokens/step, base %s, %s, LoRA r=%lld on 7 projections, "
                "checkpointing %s, %lld warm-up + %lld timed steps\n",
                B, S, B * S, nf4 ? "NF4 (double quant)" : "fp32 (not quantised)", o.precision.c_str(),
-               (long long)o.lora_rank, o.checkpointing.c_str(), (long long)o.warmup, (long long)o.steps);
+               (long long)o.lora_rank,
+               (o.checkpointing + (model::keeps_attention_outputs(c, plan_settings) ? " (attention outputs kept)" : ""))
+                   .c_str(),
+               (long long)o.warmup, (long long)o.steps);
   std::fflush(progress);
 
   using clock = std::chrono::steady_clock;
@@ -175,6 +181,7 @@ int run_bench(BenchOptions o) {
       to.lora_products = o.lora_products == "fp32"   ? LoraProducts::fp32
                          : o.lora_products == "fp16" ? LoraProducts::fp16
                                                      : LoraProducts::automatic;
+      to.keep_attention = plan_settings.keep_attention;
       model::Transformer tf(*ctx, base, lora, B, S, checkpointing, to);
       train::OptimizerSettings os;
       os.total_steps = o.warmup + o.steps;
@@ -232,6 +239,7 @@ int run_bench(BenchOptions o) {
                         {"lora_products", o.lora_products},
                         {"rank", o.lora_rank},
                         {"grad_ckpt", checkpointing},
+                        {"kept_attention", model::keeps_attention_outputs(c, plan_settings)},
                         {"steps", o.steps},
                         {"tokens_per_s", tokens_per_s},
                         {"step_ms", step_s * 1e3},

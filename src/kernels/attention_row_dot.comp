@@ -5,13 +5,23 @@
 // each summing every 32nd element, so that a subgroup's loads are contiguous (one invocation per
 // row read 128 floats 512 bytes apart from its neighbours': 5x slower than memory allows on an
 // H100); the 32 partial sums are added in shared memory.
+// attention_row_dot_f16: out is fp16 in rows of out_ld halves per token ([tokens, out_ld], heads
+// side by side from column 0: the copy of the attention output that o_proj reads, which the
+// engine keeps across checkpointing, model/transformer.h); out_off and out_ld even, head_dim even.
+//! variant attention_row_dot
+//! variant attention_row_dot_f16 -DOUT_F16
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC {
   uint rows;  // tokens * heads
   uint n_heads, head_dim, seq;
-  uint out_off, dout_off, drow_off;  // element offsets in their bindings
+  uint out_off, dout_off, drow_off;  // element offsets in their bindings (out: halves in _f16)
+  uint out_ld;                       // _f16: halves per token row of out
 } pc;
+#ifdef OUT_F16
+layout(set = 0, binding = 0) readonly buffer Out { uint o2[]; };
+#else
 layout(set = 0, binding = 0) readonly buffer Out { float o[]; };
+#endif
 layout(set = 0, binding = 1) readonly buffer DOut { float dout[]; };
 layout(set = 0, binding = 2) writeonly buffer Drow { float drow[]; };
 
@@ -26,7 +36,15 @@ void main() {
     float sum = 0.0;
     if (r < pc.rows) {
       const uint base = r * pc.head_dim;
+#ifdef OUT_F16
+      const uint out_base = pc.out_off + (r / pc.n_heads) * pc.out_ld + (r % pc.n_heads) * pc.head_dim;
+      for (uint c = 2u * lane; c < pc.head_dim; c += 2u * LANES) {
+        const vec2 ov = unpackHalf2x16(o2[(out_base + c) / 2u]);
+        sum += ov.x * dout[pc.dout_off + base + c] + ov.y * dout[pc.dout_off + base + c + 1u];
+      }
+#else
       for (uint c = lane; c < pc.head_dim; c += LANES) sum += o[pc.out_off + base + c] * dout[pc.dout_off + base + c];
+#endif
     }
     part[gl_LocalInvocationIndex] = sum;
     barrier();

@@ -3,6 +3,7 @@
 // reads must have been kept from the forward pass.
 #include "model/memory_plan.h"
 
+#include "gpu/device.h"
 #include "model/block.h"
 #include "ops/attention_gemm.h"
 #include "ops/cross_entropy.h"
@@ -51,6 +52,17 @@ std::uint64_t MemoryPlan::total() const {
   return t;
 }
 
+namespace {
+// One layer's kept attention output per token (keeps_attention_outputs): the fp16 copy o_proj
+// reads, q_dim halves and the LoRA fold's pad beside them (Transformer::lora_pad_: the rank
+// rounded up to 64 in mixed precision with any target), and the fp32 log-sum-exp of each head.
+std::uint64_t kept_attention_bytes_per_token(const ModelConfig& c, const TrainingSettings& s) {
+  const std::uint64_t pad =
+      !s.targets.empty() && s.lora_rank > 0 ? (static_cast<std::uint64_t>(s.lora_rank) + 63) / 64 * 64 : 0;
+  return (static_cast<std::uint64_t>(c.q_dim()) + pad) * 2 + static_cast<std::uint64_t>(c.num_heads) * 4;
+}
+}  // namespace
+
 MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s) {
   MemoryPlan plan;
   const WeightBytes w = weight_bytes(c);
@@ -91,6 +103,9 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
   plan.parts.push_back({"saved activations", stream + kept + final_norm + token_arrays,
                         s.checkpointing ? "checkpointing on: layer inputs + one layer recomputed"
                                         : "checkpointing off: every layer"});
+  if (keeps_attention_outputs(c, s))
+    plan.parts.push_back({"attention outputs kept", layers * tokens * kept_attention_bytes_per_token(c, s),
+                          "fp16 output and log-sum-exp of every layer: no attention forward in the recomputation"});
   const std::uint64_t gradients =
       tokens * static_cast<std::uint64_t>(block_elements_per_token(c, lora_width(s), BlockRole::gradient)) * 4;
   plan.parts.push_back({"activation gradients", gradients, "one layer's, shared by all layers"});
@@ -154,6 +169,20 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
   plan.parts.push_back({"scratch (transient)", std::max(ce, attention),
                         ce >= attention ? "the LM head's block of logits" : attention_note});
   return plan;
+}
+
+bool keeps_attention_outputs(const ModelConfig& c, const TrainingSettings& s) {
+  const bool o_lora = std::find(s.targets.begin(), s.targets.end(), LinearKind::O) != s.targets.end() && s.lora_rank > 0;
+  // Transformer::lora_folds for o_proj: NF4, mixed, whole groups of 8 in and out
+  const bool o_folds = s.nf4 && c.q_dim() % 8 == 0 && c.hidden_size % 8 == 0;
+  return s.checkpointing && s.keep_attention && s.dense_weight_bytes == 2 && s.fused_attention_backward &&
+         s.lora_dropout == 0 && (!o_lora || o_folds);
+}
+
+void choose_kept_attention(const ModelConfig& c, TrainingSettings& s, std::uint64_t device_bytes) {
+  if (!gpu::env_flag_default_on("FORJA_KEEP_ATTENTION")) s.keep_attention = false;
+  if (!keeps_attention_outputs(c, s) || device_bytes == 0) return;
+  if (plan_training_memory(c, s).total() > device_bytes / 4 * 3) s.keep_attention = false;
 }
 
 }  // namespace forja::model

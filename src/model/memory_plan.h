@@ -45,6 +45,10 @@ struct TrainingSettings {
   // and it takes q and k as the fp16 copies the forward made (model::attention_keeps_fp16_qk), so
   // its scratch holds no copies of them.
   bool attention_qk_f16 = false;
+  // Checkpointing keeps each layer's attention output (the fp16 copy o_proj reads) and
+  // log-sum-exp, so the recomputation skips attention's forward, where keeps_attention_outputs
+  // says the engine can (TransformerOptions::keep_attention; choose_kept_attention decides).
+  bool keep_attention = true;
 };
 
 struct MemoryPart {
@@ -66,6 +70,17 @@ struct MemoryPlan {
 // copies and scratches, and the transient scratch of one step (one vocabulary chunk of logits,
 // attention's scratch).
 MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s);
+
+// Whether the engine keeps the attention outputs across checkpointing for these settings
+// (TransformerOptions::keep_attention, which the Transformer decides the same way): checkpointing,
+// keep_attention asked, mixed precision with the fused attention backward, no LoRA dropout, and
+// o_proj's product able to read the fp16 copy (LoRA on it folded into NF4 products, or none).
+bool keeps_attention_outputs(const ModelConfig& c, const TrainingSettings& s);
+
+// Sets s.keep_attention: off where FORJA_KEEP_ATTENTION=0 or where the plan with the kept outputs
+// exceeds 3/4 of `device_bytes` (a card the run fills anyway keeps its memory for the rest; 0 =
+// unknown: kept), else left as asked.
+void choose_kept_attention(const ModelConfig& c, TrainingSettings& s, std::uint64_t device_bytes);
 
 // fp32 activation elements saved per token by one layer for its backward (the block table's
 // saved tensors, model/block.h).

@@ -197,6 +197,24 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   grad_ = std::make_unique<GradScratch>();
   for (const BlockTensor& t : block)
     if (t.role == BlockRole::gradient) (*grad_).*grad_field(t.name) = alloc(T * t.per_token * 4, t.name);
+  // Attention outputs kept across checkpointing, where o_proj's product reads its input as the
+  // fp16 copy (folded LoRA, or none: linear_forward) and the backward is the fused one (it takes
+  // out as that copy); model::keeps_attention_outputs asks the same of the settings.
+  ops::AttentionGemmOptions fused_options;
+  fused_options.fused_emulated = options.fused_attention_emulated;
+  keep_attention_ = checkpointing_ && options.keep_attention && attention_ == Attention::gemm &&
+                    fused_attention_backward_ && input16_.valid() && lora_.settings().dropout == 0 &&
+                    ops::attention_fused_kernels_run(ctx_, static_cast<uint32_t>(d), fused_options);
+  for (size_t i = 0; keep_attention_ && i < static_cast<size_t>(c_.num_layers); ++i) {
+    const BaseLinear& o = base.layers[i].linears[static_cast<int>(LinearKind::O)];
+    const LoraSlot* s = lora_.find(static_cast<int64_t>(i), LinearKind::O);
+    keep_attention_ = s ? lora_folds(o, s) : !o.nf4 || nf4_scratch_.valid();
+  }
+  if (keep_attention_)
+    for (int64_t i = 0; i < c_.num_layers; ++i) {
+      kept_att_.push_back(alloc((T * (nh * d + P) * 2 + 3) / 4 * 4, "kept attention output (fp16)"));
+      kept_lse_.push_back(alloc(T * nh * 4, "kept attention lse"));
+    }
   final_h_ = alloc(T * H * 4, "final norm");
   final_rstd_ = alloc(T * 4, "final rstd");
   if (lora_.settings().dropout > 0) {
@@ -440,15 +458,17 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
     if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
     return;
   }
-  if (x_f16) throw std::logic_error("linear_forward: an fp16 x needs the folded LoRA path");
+  // An fp16 x without LoRA: the product reads it as it is (the kept attention output)
+  if (x_f16 && (slot || !input16_.valid() || (lin.nf4 && !nf4_scratch_.valid())))
+    throw std::logic_error("linear_forward: an fp16 x needs the folded LoRA path, or no LoRA and dequantised weights");
   // t = x A^T (or dropout(x) A^T)  [T, r], unless lora_group_forward made it
   if (slot && !lora_t_ready) lora_input_forward(layer, *slot, x, lora_t);
   if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_xwt(ctx_, x, *lin.nf4, y, T, 1.0f, beta, base_operands_, options_.base_kernel);
   } else {  // mixed: fp16 W, x rounded to fp16 as it is loaded
     ops::gemm(ctx_, GemmShape{T, lin.out, lin.in, false, true, 1.0f, beta},
-              base_input(x, lin.in, input16_ready, 0, range_site(layer, kind)), base_fp16(layer, kind, lin),
-              MatrixView{y, DType::f32, 0, lin.out}, options_.base_kernel);
+              x_f16 ? f16_copy(x, lin.in) : base_input(x, lin.in, input16_ready, 0, range_site(layer, kind)),
+              base_fp16(layer, kind, lin), MatrixView{y, DType::f32, 0, lin.out}, options_.base_kernel);
   }
   if (lin.bias.valid()) ops::add_row_bias(ctx_, lin.bias, y, T, lin.out);
   if (slot) {
@@ -468,7 +488,7 @@ void Transformer::linear_backward(size_t layer, LinearKind kind, const gpu::Buff
   const float beta = accumulate_dx ? 1.0f : 0.0f;
   const LoraSlot* s = lora_.find(static_cast<int64_t>(layer), kind);
   if (lora_folds_backward(lin, s)) return linear_backward_folded(lin, *s, x, dy, dx, beta, grouped, dy_f16, x_f16);
-  if (dy_f16 || x_f16) throw std::logic_error("linear_backward: an fp16 dy or x needs the folded LoRA path");
+  if (dy_f16 || (x_f16 && s)) throw std::logic_error("linear_backward: an fp16 dy or x needs the folded LoRA path");
   // dx (=|+=) dy W
   if (lin.nf4 && !nf4_scratch_.valid()) {
     ops::nf4_gemm_dyw(ctx_, dy, *lin.nf4, dx, T, 1.0f, beta, base_operands_, options_.base_kernel);
@@ -621,10 +641,27 @@ void Transformer::lora_input_backward_dropout(size_t layer, const LoraSlot& s, c
 // attention implementation.
 class Transformer::ForwardSteps : public BlockSteps {
  public:
-  ForwardSteps(Transformer& engine, size_t layer, LayerActs& acts) : e_(engine), layer_(layer), a_(acts) {}
+  // recompute: the checkpointing recomputation inside the backward (which skips attention's
+  // forward where its outputs are kept).
+  ForwardSteps(Transformer& engine, size_t layer, LayerActs& acts, bool recompute)
+      : e_(engine), layer_(layer), a_(acts), recompute_(recompute) {}
 
   void linear(LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y, bool accumulate) override {
     using K = LinearKind;
+    if (kind == K::O && e_.keep_attention_) {
+      // o_proj reads the kept fp16 copy of the attention output: made here from the forward's
+      // fp32 output, found there by the recomputation (which computed no attention).
+      const gpu::Buffer& kept = e_.kept_att_[layer_];
+      const uint32_t in = static_cast<uint32_t>(e_.c_.q_dim());
+      if (!recompute_) {
+        const ops::Fp16RangeFlag flag{e_.range_flags_, static_cast<uint32_t>(e_.range_site(layer_, K::O))};
+        ops::to_f16_block(e_.ctx_, x, 0, in, kept, 0, in + e_.lora_pad_, e_.tokens_, in, in, 1.0f,
+                          e_.range_flags_.valid() ? &flag : nullptr);
+      }
+      e_.linear_forward(layer_, kind, kept, y, a_.t, accumulate, false, false, true);
+      e_.prefetch_weight(layer_, K::Gate, false);
+      return;
+    }
     bool t_ready = false, input16_ready = false;
     // x is already the fp16 copy: down's input (down_f16) or a norm's output (norm_f16); o_proj's
     // input, the attention output, is fp32.
@@ -678,6 +715,8 @@ class Transformer::ForwardSteps : public BlockSteps {
   }
 
   void attention(const BlockActs& a) override {
+    if (e_.keep_attention_ && recompute_) return;  // o_proj and the backward read the kept output
+    const gpu::Buffer& lse = e_.keep_attention_ ? e_.kept_lse_[layer_] : a.lse;
     const ModelConfig& c = e_.c_;
     const uint32_t nh = static_cast<uint32_t>(c.num_heads), nkv = static_cast<uint32_t>(c.num_kv_heads),
                    d = static_cast<uint32_t>(c.head_dim);
@@ -690,7 +729,7 @@ class Transformer::ForwardSteps : public BlockSteps {
       ao.fused_forward = e_.fused_attention_forward_;
       ao.fused_emulated = e_.options_.fused_attention_emulated;
       ao.qk_f16 = e_.qk_f16_;
-      ops::attention_gemm_forward(e_.ctx_, a.q, a.k, a.v, e_.segments_, a.att, a.lse, e_.batch_, e_.seq_, nh, nkv, d,
+      ops::attention_gemm_forward(e_.ctx_, a.q, a.k, a.v, e_.segments_, a.att, lse, e_.batch_, e_.seq_, nh, nkv, d,
                                   scale, ao);
     } else {
       ops::attention_forward(e_.ctx_, a.q, a.k, a.v, e_.segments_, a.att, a.lse, e_.batch_, e_.seq_, nh, nkv, d, scale);
@@ -713,13 +752,14 @@ class Transformer::ForwardSteps : public BlockSteps {
   Transformer& e_;
   size_t layer_;
   LayerActs& a_;
+  bool recompute_ = false;
   LinearKind first_ = LinearKind::Q;  // the first projection of the current input group
   uint32_t group_ = 0;                // its lora_group
   bool group16_ = false;              // lora_group_forward left the input's fp16 copy
 };
 
 void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer* x_out) {
-  ForwardSteps steps(*this, i, a);
+  ForwardSteps steps(*this, i, a, checkpointing_ && !x_out);
   block_forward(ctx_, base_, i, tokens_, positions_, x_in, a, x_out, steps);
 }
 
@@ -752,7 +792,10 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
   ops::rmsnorm_backward(ctx_, g.dh, a.x2, L.post_norm, DType::f32, a.rstd2, dx, T, H, true);  // dx: grad of x2
 
   // Attention: x2 = x + o_proj(att)
-  linear_backward(i, K::O, a.att, a.t, dx, g.datt, false);
+  // (the kept attention output: its fp16 copy, as o_proj's forward read it)
+  const gpu::Buffer& att = keep_attention_ ? kept_att_[i] : a.att;
+  const gpu::Buffer& lse = keep_attention_ ? kept_lse_[i] : a.lse;
+  linear_backward(i, K::O, att, a.t, dx, g.datt, false, false, false, keep_attention_);
   prefetch_weight(i, K::Q, true);
   const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
   if (attention_ == Attention::flash) {
@@ -763,7 +806,8 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
     ao.fused_backward = fused_attention_backward_;
     ao.fused_emulated = options_.fused_attention_emulated;
     ao.qk_f16 = qk_f16_;
-    ops::attention_gemm_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_,
+    if (keep_attention_) ao.out_f16_ld = nh * d + lora_pad_;
+    ops::attention_gemm_backward(ctx_, a.q, a.k, a.v, segments_, att, lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_,
                                  nh, nkv, d, scale, ao);
   } else {
     ops::attention_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_, nh,

@@ -69,6 +69,13 @@ struct TransformerOptions {
   // (ops::AttentionGemmOptions::fused_emulated), which any device runs, so the engine's use of them
   // is checked against PyTorch on lavapipe. Mixed precision with attention gemm only.
   bool fused_attention_emulated = false;
+  // With checkpointing: each layer keeps its attention output (as the fp16 [T, q_dim + lora_pad_]
+  // copy o_proj reads) and log-sum-exp from the forward, so the recomputation skips attention's
+  // forward and the backward reads them (2 x q_dim + 4 x heads bytes per token and layer: 585 MiB
+  // at Qwen3-4B 1x2048). Where the engine cannot (model::keeps_attention_outputs: mixed precision,
+  // the fused attention backward, no LoRA dropout, o_proj's LoRA folded or absent) it recomputes
+  // them as before; the trainer and `forja bench` ask model::choose_kept_attention.
+  bool keep_attention = true;
 };
 
 // One micro-batch, host side: B sequences of S tokens, row-major [B, S].
@@ -122,6 +129,9 @@ class Transformer {
   // input that overflowed ("" when none did, or without the check: fp32, no input copies).
   void reset_fp16_range_check();
   std::string fp16_range_report();
+
+  // Whether the attention outputs are kept across checkpointing (TransformerOptions::keep_attention).
+  bool keeps_attention() const { return keep_attention_; }
 
  private:
   using LayerActs = BlockActs;
@@ -272,6 +282,10 @@ class Transformer {
   // residual stream: x_[i] is the input of layer i, x_[L] the last layer's output
   std::vector<gpu::Buffer> x_;
   std::vector<LayerActs> acts_;  // one per layer, or one shared when checkpointing
+  // TransformerOptions::keep_attention resolved, and per layer the fp16 attention output with
+  // room for o_proj's LoRA factor ([T, q_dim + lora_pad_]) and its log-sum-exp ([B, nh, S]).
+  bool keep_attention_ = false;
+  std::vector<gpu::Buffer> kept_att_, kept_lse_;
   std::unique_ptr<GradScratch> grad_;
   gpu::Buffer final_h_, final_rstd_;
   // LoRA dropout: the micro-batch's key stream, whether this run applies it, and a scratch of

@@ -36,14 +36,20 @@ inline void check_attention_heads(const char* op, const AttentionDims& m) {
 }
 
 // The forward's operands (the backward's too, which adds dout, dq, dk, dv).
+// out_f16_ld > 0: out is fp16 in rows of that many halves per token (AttentionGemmOptions::out_f16_ld).
 inline void check_attention_operands(const char* op, const AttentionDims& m, const gpu::Buffer& q,
                                      const gpu::Buffer& k, const gpu::Buffer& v, const gpu::Buffer& segments,
-                                     const gpu::Buffer& out, const gpu::Buffer& lse) {
+                                     const gpu::Buffer& out, const gpu::Buffer& lse, uint32_t out_f16_ld = 0) {
   check_attention_buffer(op, "q", q, m.q_seq() * m.batch);
   check_attention_buffer(op, "k", k, m.kv_seq() * m.batch);
   check_attention_buffer(op, "v", v, m.kv_seq() * m.batch);
   check_attention_buffer(op, "segments", segments, uint64_t(m.seq) * m.batch);
-  check_attention_buffer(op, "out", out, m.q_seq() * m.batch);
+  if (out_f16_ld == 0)
+    check_attention_buffer(op, "out", out, m.q_seq() * m.batch);
+  else if (out_f16_ld < m.nh * m.d || out_f16_ld % 2 || m.d % 2 || out.size < uint64_t(m.seq) * m.batch * out_f16_ld * 2)
+    throw std::invalid_argument(std::string(op) + ": the fp16 out needs rows of an even number of halves >= heads x " +
+                                "head_dim (even), " + std::to_string(out_f16_ld) + " given, in " +
+                                std::to_string(out.size) + " bytes");
   check_attention_buffer(op, "lse", lse, m.stat_seq() * m.batch);
 }
 
@@ -72,12 +78,13 @@ struct AttentionBindings {
 };
 inline AttentionBindings bind_attention(const gpu::Context& ctx, const AttentionDims& m, uint32_t b0, uint32_t nb,
                                         const gpu::Buffer& q, const gpu::Buffer& k, const gpu::Buffer& v,
-                                        const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse) {
+                                        const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
+                                        bool bind_out = true) {
   return {bind_elements(ctx, q, b0 * m.q_seq(), nb * m.q_seq()),
           bind_elements(ctx, k, b0 * m.kv_seq(), nb * m.kv_seq()),
           bind_elements(ctx, v, b0 * m.kv_seq(), nb * m.kv_seq()),
           bind_elements(ctx, segments, uint64_t(b0) * m.seq, uint64_t(nb) * m.seq),
-          bind_elements(ctx, out, b0 * m.q_seq(), nb * m.q_seq()),
+          bind_out ? bind_elements(ctx, out, b0 * m.q_seq(), nb * m.q_seq()) : Bound{},
           bind_elements(ctx, lse, b0 * m.stat_seq(), nb * m.stat_seq())};
 }
 // The backward's: dout, dq, dk, dv and the per-row statistic D = rowsum(dout * out).

@@ -178,11 +178,8 @@ FusedSetup fused_setup(gpu::Context& ctx, const AttentionGemmOptions& o) {
   const AccumulatorLayout& layout = accumulator_layout(ctx);
   return {false, layout.row_shift, layout.col_shift};
 }
-// Whether the fused kernels run this head_dim here: the real ones where the device has what they
-// need, the emulation anywhere.
 bool fused_runs(gpu::Context& ctx, uint32_t head_dim, const AttentionGemmOptions& o) {
-  if (o.fused_emulated) return head_dim % 16 == 0 && head_dim > 0 && head_dim <= 128;
-  return attention_fused_forward_supported(ctx, head_dim);
+  return attention_fused_kernels_run(ctx, head_dim, o);
 }
 
 // The forward as one kernel per group of sequences (kernels/flash_forward_khr.comp), on fp16
@@ -245,8 +242,9 @@ static_assert(kernels::push_block_matches<FusedBackwardPush>(kernels::flash_bwd_
 struct RowDotPush {
   uint32_t rows, n_heads, head_dim, seq;
   uint32_t out_off, dout_off, drow_off;
+  uint32_t out_ld;
 };
-static_assert(kernels::push_block_matches<RowDotPush>(kernels::attention_row_dot),
+static_assert(kernels::push_block_matches<RowDotPush>(kernels::attention_row_dot, kernels::attention_row_dot_f16),
               "RowDotPush differs from kernels/attention_row_dot.comp's push-constant block");
 // Shared memory of one backward workgroup (kernels/flash_backward_khr.comp's SH_SIZE, the segment,
 // lse and D arrays, and the emulation's exchange arrays) for `warps` subgroups and tiles of `tile`:
@@ -275,10 +273,19 @@ void check_fused_backward_tiles(const gpu::Context& ctx, const AttentionGemmOpti
   }
 }
 
-void row_dot(gpu::Context& ctx, const Dims& m, uint32_t nb, const Bound& out, const Bound& dout, const Bound& drow) {
+// Sequences [b0, b0 + nb) of an fp16 [tokens, ld] buffer as a binding, its offset in halves.
+Bound bind_f16_rows(const gpu::Context& ctx, const gpu::Buffer& b, uint32_t b0, uint32_t nb, uint32_t seq, uint32_t ld) {
+  const uint64_t row_bytes = uint64_t(ld) * 2;
+  const Window w = window(ctx, b, uint64_t(b0) * seq * row_bytes, uint64_t(nb) * seq * row_bytes, 2);
+  return {w.view, w.first};
+}
+
+// out_f16_ld > 0: out is fp16 (AttentionGemmOptions::out_f16_ld), its offset in halves.
+void row_dot(gpu::Context& ctx, const Dims& m, uint32_t nb, const Bound& out, const Bound& dout, const Bound& drow,
+             uint32_t out_f16_ld) {
   const uint32_t rows = nb * m.seq * m.nh;
-  const RowDotPush push{rows, m.nh, m.d, m.seq, out.offset, dout.offset, drow.offset};
-  ctx.dispatch(ctx.pipelines().get(kernels::attention_row_dot),
+  const RowDotPush push{rows, m.nh, m.d, m.seq, out.offset, dout.offset, drow.offset, out_f16_ld};
+  ctx.dispatch(ctx.pipelines().get(out_f16_ld ? kernels::attention_row_dot_f16 : kernels::attention_row_dot),
                {{out.buffer, gpu::Access::read}, {dout.buffer, gpu::Access::read}, {drow.buffer, gpu::Access::write}},
                push, static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t(rows) + 7) / 8, 1, kMaxGroupsX)), 1, 1,
                "attention_row_dot", 2.0 * rows * m.d);
@@ -323,10 +330,11 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
     }
     to_f16_block(ctx, v, uint64_t(b0) * m.kv_seq(), kv_width, v16, 0, kv_width, tokens, kv_width, kv_width);
     to_f16_block(ctx, dout, uint64_t(b0) * m.q_seq(), q_width, do16, 0, q_width, tokens, q_width, q_width);
-    const AttentionBindings f = bind_attention(ctx, m, b0, nb, q, k, v, segments, out, lse);
+    const AttentionBindings f = bind_attention(ctx, m, b0, nb, q, k, v, segments, out, lse, o.out_f16_ld == 0);
     const Bound bdout = bind_elements(ctx, dout, b0 * m.q_seq(), nb * m.q_seq());
     const Bound bdrow = bind_elements(ctx, drow, 0, nb * m.stat_seq());
-    row_dot(ctx, m, nb, f.out, bdout, bdrow);
+    row_dot(ctx, m, nb, o.out_f16_ld ? bind_f16_rows(ctx, out, b0, nb, m.seq, o.out_f16_ld) : f.out, bdout, bdrow,
+            o.out_f16_ld);
     auto run = [&](const gpu::Pipeline& p, const Bound& grad, const Bound* grad_v, uint32_t rows_per_group,
                    uint32_t heads, uint32_t split, uint32_t part_stride, double products, const char* op) {
       const FusedBackwardPush push{m.seq,        m.nh,         m.nkv,       m.d,
@@ -422,18 +430,24 @@ uint64_t attention_gemm_scratch_bytes(uint32_t seq, uint32_t n_heads, uint32_t h
 }
 
 void attention_row_dot(gpu::Context& ctx, const gpu::Buffer& out, const gpu::Buffer& dout, const gpu::Buffer& drow,
-                       uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t head_dim) {
+                       uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t out_f16_ld) {
   const Dims m{batch, seq, n_heads, n_heads, head_dim};
   if (batch == 0 || seq == 0) return;
-  check_attention_buffer("attention_row_dot", "out", out, m.q_seq() * batch);
+  if (out_f16_ld == 0) check_attention_buffer("attention_row_dot", "out", out, m.q_seq() * batch);
+  else if (out_f16_ld < n_heads * head_dim || out_f16_ld % 2 || head_dim % 2 ||
+           out.size < uint64_t(batch) * seq * out_f16_ld * 2)
+    throw std::invalid_argument("attention_row_dot: the fp16 out needs rows of an even number of halves >= heads x "
+                                "head_dim (even)");
   check_attention_buffer("attention_row_dot", "dout", dout, m.q_seq() * batch);
   check_attention_buffer("attention_row_dot", "drow", drow, m.stat_seq() * batch);
   const uint32_t per = sequences_per_dispatch(ctx, "attention_row_dot", m);
   for (uint32_t b0 = 0; b0 < batch; b0 += per) {
     const uint32_t nb = std::min(per, batch - b0);
-    row_dot(ctx, m, nb, bind_elements(ctx, out, b0 * m.q_seq(), nb * m.q_seq()),
+    row_dot(ctx, m, nb,
+            out_f16_ld ? bind_f16_rows(ctx, out, b0, nb, seq, out_f16_ld)
+                       : bind_elements(ctx, out, b0 * m.q_seq(), nb * m.q_seq()),
             bind_elements(ctx, dout, b0 * m.q_seq(), nb * m.q_seq()),
-            bind_elements(ctx, drow, b0 * m.stat_seq(), nb * m.stat_seq()));
+            bind_elements(ctx, drow, b0 * m.stat_seq(), nb * m.stat_seq()), out_f16_ld);
   }
 }
 
@@ -465,6 +479,11 @@ bool attention_gemm_takes_f16_qk(gpu::Context& ctx, uint32_t batch, uint32_t seq
   if (batch == 0 || seq == 0 || !o.fused_forward || !o.fused_backward || !fused_runs(ctx, head_dim, o)) return false;
   return sequences_per_dispatch(ctx, "attention_gemm_forward", m) >= batch &&
          sequences_per_dispatch(ctx, "attention_gemm_backward", m) >= batch;
+}
+
+bool attention_fused_kernels_run(gpu::Context& ctx, uint32_t head_dim, const AttentionGemmOptions& o) {
+  if (o.fused_emulated) return head_dim % 16 == 0 && head_dim > 0 && head_dim <= 128;
+  return attention_fused_forward_supported(ctx, head_dim);
 }
 
 bool attention_paired_default() {
@@ -560,11 +579,12 @@ void attention_gemm_backward(gpu::Context& ctx, const gpu::Buffer& q, const gpu:
   const Dims m{batch, seq, n_heads, n_kv_heads, head_dim};
   if (batch == 0 || seq == 0) return;
   check(ctx, op, m, o);
-  check_attention_operands(op, m, q, k, v, segments, out, lse);
+  check_attention_operands(op, m, q, k, v, segments, out, lse, o.out_f16_ld);
   check_attention_gradients(op, m, dout, dq, dk, dv);
   if (o.fused_backward && fused_runs(ctx, head_dim, o))
     return fused_backward(ctx, m, q, k, v, segments, out, lse, dout, dq, dk, dv, scale, o);
   if (o.qk_f16) throw std::logic_error("attention_gemm_backward: fp16 q and k are for the fused kernels only");
+  if (o.out_f16_ld) throw std::logic_error("attention_gemm_backward: an fp16 out is for the fused kernels only");
 
   const uint32_t C = attention_gemm_chunk_rows(ctx, seq, n_heads, o);
   const uint64_t chunk_elems = uint64_t(n_heads) * C * round_up8(seq);

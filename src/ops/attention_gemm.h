@@ -85,6 +85,11 @@ struct AttentionGemmOptions {
   // q and k hold the fp16 [tokens, heads, d] copies the fused kernels read (ops::qk_norm_rope_f16
   // made them), not fp32: the fused forward and backward only, where attention_gemm_takes_f16_qk.
   bool qk_f16 = false;
+  // The backward's out is fp16 in rows of out_f16_ld halves per token (heads side by side from
+  // column 0; the rest of a row is the caller's), not fp32 [tokens, heads, d]: the copy of the
+  // attention output that o_proj reads, which the engine keeps across checkpointing
+  // (model/transformer.h). The fused backward only (it reads out for D alone); 0: fp32.
+  uint32_t out_f16_ld = 0;
   // Tests: where fused_forward / fused_backward ask for the fused kernels, run their emulation
   // (kernels/flash_khr_common.glsl: no cooperative matrices, one 32-lane subgroup per workgroup,
   // any device, lavapipe included) with the accumulator element order {emulated_row_shift,
@@ -113,14 +118,19 @@ std::string attention_fused_forward_unsupported(gpu::Context& ctx, uint32_t head
 inline bool attention_fused_forward_supported(gpu::Context& ctx, uint32_t head_dim) {
   return attention_fused_forward_unsupported(ctx, head_dim).empty();
 }
+// Whether the fused kernels run head_dim here with these options: the real ones where
+// attention_fused_forward_supported, their emulation (o.fused_emulated) for head_dim a multiple
+// of 16 up to 128 on any device.
+bool attention_fused_kernels_run(gpu::Context& ctx, uint32_t head_dim, const AttentionGemmOptions& o);
 // Whether training runs the fused backward: where the fused kernels run, unless
 // FORJA_NO_FUSED_ATTENTION_BACKWARD=1.
 bool attention_fused_backward_enabled(gpu::Context& ctx, uint32_t head_dim);
 
 // drow [B, nh, S] = rowsum(dout * out) of each (token, head) row of out and dout (fp32
 // [B*S, nh, d]): the fused backward's D (kernels/attention_row_dot.comp).
+// out_f16_ld > 0: out is fp16 as AttentionGemmOptions::out_f16_ld says.
 void attention_row_dot(gpu::Context& ctx, const gpu::Buffer& out, const gpu::Buffer& dout, const gpu::Buffer& drow,
-                       uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t head_dim);
+                       uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t out_f16_ld = 0);
 
 // Query rows per chunk for this shape (at least 1, at most seq): options.chunk_rows, else as
 // many whole 16-row tiles as fit min(scratch_budget, max_binding_bytes).

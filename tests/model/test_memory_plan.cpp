@@ -2,6 +2,8 @@
 // against real quantised tensors, and the training estimate's structure.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <initializer_list>
 #include <random>
 
 #include "model/config_fixtures.h"
@@ -150,6 +152,59 @@ TEST(MemoryPlan, FusedAttentionBackwardNeedsOnlyItsCopies) {
   EXPECT_EQ(ops::attention_dkv_split(4, 2048, 32, 8, paired), 2u);  // 512: two share each kv head
   s.batch = 4;
   EXPECT_GE(scratch(plan_training_memory(c, s)).bytes, ops::attention_fused_scratch_bytes(4, 2048, 32, 8, 128));
+}
+
+// Attention outputs kept across checkpointing (keeps_attention_outputs): mixed precision with
+// the fused backward and checkpointing, no LoRA dropout, o_proj's LoRA folded (NF4) or absent;
+// per layer and token the fp16 copy o_proj reads (q_dim + the fold's 64 halves) and the fp32 lse
+// of each head. choose_kept_attention drops them where the plan would pass 3/4 of the device.
+TEST(MemoryPlan, KeptAttentionOutputs) {
+  ModelConfig c = parse(test::qwen3_4b());
+  TrainingSettings s;
+  s.batch = 1;
+  s.seq_len = 2048;
+  s.fused_attention_backward = true;
+  auto kept = [](const MemoryPlan& p) {
+    for (auto& m : p.parts)
+      if (m.name == "attention outputs kept") return m.bytes;
+    return std::uint64_t{0};
+  };
+  ASSERT_TRUE(keeps_attention_outputs(c, s));
+  const MemoryPlan with = plan_training_memory(c, s);
+  EXPECT_EQ(kept(with), 36u * 2048 * ((4096 + 64) * 2 + 32 * 4));  // 594 MiB
+  TrainingSettings off = s;
+  off.keep_attention = false;
+  EXPECT_EQ(with.total() - plan_training_memory(c, off).total(), kept(with));
+  EXPECT_LT(with.total() / double(1ull << 30), 6.0);  // issue 14's 1x2048 budget
+  for (auto change : std::initializer_list<void (*)(TrainingSettings&)>{
+           [](TrainingSettings& t) { t.checkpointing = false; }, [](TrainingSettings& t) { t.lora_dropout = 0.05; },
+           [](TrainingSettings& t) { t.fused_attention_backward = false; },
+           [](TrainingSettings& t) { t.dense_weight_bytes = 4; }, [](TrainingSettings& t) { t.nf4 = false; }}) {
+    TrainingSettings t = s;
+    change(t);
+    EXPECT_FALSE(keeps_attention_outputs(c, t));
+    EXPECT_EQ(kept(plan_training_memory(c, t)), 0u);
+  }
+  TrainingSettings dense_no_o = s;  // dense weights, no LoRA on o_proj: its product reads the copy as it is
+  dense_no_o.nf4 = false;
+  dense_no_o.targets = {LinearKind::Q, LinearKind::V};
+  EXPECT_TRUE(keeps_attention_outputs(c, dense_no_o));
+
+  TrainingSettings chosen = s;
+  choose_kept_attention(c, chosen, 80ull << 30);
+  EXPECT_TRUE(chosen.keep_attention);
+  choose_kept_attention(c, chosen, 0);  // unknown memory: as asked
+  EXPECT_TRUE(chosen.keep_attention);
+  const std::uint64_t need = with.total();
+  choose_kept_attention(c, chosen, need / 3 * 4 + 8);
+  EXPECT_TRUE(chosen.keep_attention);
+  choose_kept_attention(c, chosen, need / 3 * 4 - 8);
+  EXPECT_FALSE(chosen.keep_attention);
+  chosen.keep_attention = true;
+  ::setenv("FORJA_KEEP_ATTENTION", "0", 1);
+  choose_kept_attention(c, chosen, 80ull << 30);
+  ::unsetenv("FORJA_KEEP_ATTENTION");
+  EXPECT_FALSE(chosen.keep_attention);
 }
 
 }  // namespace

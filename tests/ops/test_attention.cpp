@@ -315,6 +315,39 @@ TEST_F(AttentionTest, RowDotMatchesReference) {
   }
 }
 
+// The same with out as fp16 rows of ld halves (AttentionGemmOptions::out_f16_ld: the o_proj input
+// copy the engine keeps across checkpointing), the columns past the heads holding other data.
+std::vector<uint32_t> packed_halves(const std::vector<uint16_t>& h) {  // h.size() even
+  std::vector<uint32_t> w(h.size() / 2);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = h[2 * i] | uint32_t(h[2 * i + 1]) << 16;
+  return w;
+}
+
+TEST_F(AttentionTest, RowDotOfFp16RowsMatchesReference) {
+  const Shape shapes[] = {{2, 7, 3, 3, 16}, {1, 65, 4, 4, 128}, {3, 5, 2, 2, 6}, {2, 1, 1, 1, 2}};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(s.name());
+    const size_t tokens = size_t(s.batch) * s.seq, rows = tokens * s.nh, n = rows * s.d;
+    const uint32_t ld = s.nh * s.d + 6;
+    const auto dout = random(n), wide = random(tokens * ld);
+    std::vector<uint16_t> out16(tokens * ld);
+    for (size_t i = 0; i < out16.size(); ++i) out16[i] = io::float_to_f16(wide[i]);
+    auto gout = upload(packed_halves(out16)), gdo = upload(dout), gd = output(rows);
+    ops::attention_row_dot(ctx(), gout, gdo, gd, s.batch, s.seq, s.nh, s.d, ld);
+    std::vector<double> want(rows);
+    for (size_t r = 0; r < rows; ++r) {
+      const size_t token = r / s.nh, h = r % s.nh, b = token / s.seq, i = token % s.seq;
+      double sum = 0;
+      for (uint32_t c = 0; c < s.d; ++c) sum += double(io::f16_to_float(out16[token * ld + h * s.d + c])) * dout[r * s.d + c];
+      want[(b * s.nh + h) * s.seq + i] = sum;
+    }
+    expect_close("drow", result(gd, rows), want, 1e-5);
+  }
+  auto small = upload(std::vector<uint32_t>(4));
+  auto gdo = upload(random(8)), gd = output(4);
+  EXPECT_THROW(ops::attention_row_dot(ctx(), small, gdo, gd, 1, 2, 2, 2, 3), std::invalid_argument);  // odd ld
+}
+
 TEST_F(AttentionTest, GemmPathChunkRowsFollowTheBudget) {
   ops::AttentionGemmOptions o;
   o.scratch_budget = 32ull * 1000 * 4 * 100;  // 100 rows of 32 heads x 1000 keys

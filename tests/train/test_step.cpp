@@ -9,6 +9,7 @@
 //   with the LoRA factors of each run.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <random>
 
 #include "io/safetensors.h"
@@ -17,6 +18,7 @@
 #include "model/lora.h"
 #include "model/precision.h"
 #include "model/transformer.h"
+#include "ops/attention_gemm.h"
 #include "support/gpu_fixture.h"
 #include "train/example.h"
 #include "train/optimizer.h"
@@ -193,6 +195,54 @@ TEST_F(TrainStep, MixedEngineRunsWithEachRunsFactors) {
     EXPECT_EQ(second.first, want.first);
     EXPECT_EQ(second.second, want.second);
   }
+  model::free_base_weights(ctx(), base);
+}
+
+// With checkpointing, the engine keeps each layer's attention output (fp16, as o_proj reads it)
+// and log-sum-exp from the forward, and the recomputation skips attention's forward
+// (TransformerOptions::keep_attention). The loss is the same bit for bit (the forward is); the
+// gradients differ from a full recomputation only by D = rowsum(dout * out) taking out in fp16.
+// Packed sequences and two of them, through the fused kernels (their emulation where the device
+// lacks them: lavapipe).
+TEST_F(TrainStep, KeptAttentionOutputsMatchTheRecomputation) {
+  const io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(dir_);
+  model::BaseWeightOptions bo;
+  bo.dense_dtype = ops::DType::f16;
+  model::BaseWeights base = model::load_base_weights(ctx(), ck, config_, bo);
+  model::TokenBatch b = random_batch(2, 24, 9);
+  for (uint32_t i = 0; i < b.seq; ++i) b.segments[i] = i < 10 ? 1 : 2;  // two documents in the first
+  for (uint32_t i = 10; i < b.seq; ++i) b.positions[i] = int32_t(i - 10);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  std::vector<float> p(lora_->parameter_count());
+  for (float& x : p) x = normal(rng);
+  ctx().upload(lora_->params(), p);
+  auto run = [&](bool keep, bool& kept) {
+    model::TransformerOptions options;
+    options.precision = model::Precision::mixed;
+    options.attention = model::TransformerOptions::Attention::gemm;
+    options.fused_attention_emulated = !ops::attention_fused_forward_supported(ctx(), uint32_t(config_.head_dim));
+    options.keep_attention = keep;
+    model::Transformer tf(ctx(), base, *lora_, b.batch, b.seq, true, options);
+    kept = tf.keeps_attention();
+    lora_->zero_grads();
+    ctx().fill(loss_sum_, 0);
+    tf.run(b, 1.0f / float(b.target_count()), loss_sum_, true);
+    return std::pair{ctx().download<float>(loss_sum_, 1)[0], ctx().download<float>(lora_->grads(), lora_->parameter_count())};
+  };
+  bool kept = false, recomputed = true;
+  const auto with = run(true, kept), without = run(false, recomputed);
+  EXPECT_TRUE(kept);
+  EXPECT_FALSE(recomputed);
+  EXPECT_EQ(with.first, without.first);
+  double largest = 0, worst = 0;
+  for (size_t i = 0; i < with.second.size(); ++i) {
+    largest = std::max(largest, double(std::abs(without.second[i])));
+    worst = std::max(worst, double(std::abs(with.second[i] - without.second[i])));
+  }
+  std::printf("[kept attention] largest gradient %.3e, largest difference %.3e\n", largest, worst);
+  EXPECT_GT(largest, 0.0);
+  EXPECT_LE(worst, 2e-3 * largest) << "largest gradient " << largest;
   model::free_base_weights(ctx(), base);
 }
 
