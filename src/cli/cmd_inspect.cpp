@@ -163,6 +163,16 @@ forja::cli::CommandRegistration inspect_registration{
             std::printf("  %-34s %10s%s%s\n", part.name.c_str(), gb(part.bytes).c_str(),
                         part.note.empty() ? "" : "  ", part.note.c_str());
           std::printf("  %-34s %10s\n", "total", gb(plan.total()).c_str());
+          // Devices that run the fused attention kernels (NVIDIA today) plan their attention
+          // scratch otherwise and keep the attention outputs across checkpointing.
+          model::TrainingSettings fused = s;
+          fused.fused_attention_backward = true;
+          if (model::keeps_attention_outputs(c, fused)) {
+            const model::MemoryPlan f = model::plan_training_memory(c, fused);
+            std::printf("  %-34s %10s  the fused kernels (NVIDIA) keep attention outputs where a quarter of the "
+                        "GPU stays free\n",
+                        "total, fused attention", gb(f.total()).c_str());
+          }
         }
         return 0;
       };

@@ -197,6 +197,9 @@ TEST(TrainCli, InspectPlansActivationsAsTheEngineKeepsThem) {
   EXPECT_NE(line(mixed.output, "embedding (16-bit)"), "(none)") << mixed.output;
   EXPECT_NE(line(fp32.output, "embedding (32-bit)"), "(none)") << fp32.output;
   EXPECT_NE(mixed.output.find("--precision mixed"), std::string::npos) << mixed.output;
+  // with checkpointing, the plan of devices with the fused attention kernels (outputs kept) too
+  EXPECT_NE(line(mixed.output, "total, fused attention"), "(none)") << mixed.output;
+  EXPECT_EQ(line(fp32.output, "total, fused attention"), "(none)") << fp32.output;
 }
 
 // --precision mixed: layer 1's post-attention norm scaled by 2^17 (bf16 0x4800) puts its MLP input
