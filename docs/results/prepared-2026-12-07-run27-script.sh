@@ -6,11 +6,9 @@
 # (one binary, alternated); a profile of the 1x2048 step with each product under its shape; the
 # 8x2048 step and the peer at 1x2048 if time is left.
 set -o pipefail
-source bench/device_env.sh
-export FORJA_PARITY_DIR=$PWD/.dist/parity FORJA_TEST_PROGRAM=$PWD/.dist/forja
-F=.dist/forja
-SECONDS=0
+source bench/device_env.sh  # the Vulkan loader, the driver, the tests' inputs
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+F=.dist/forja SECONDS=0
 timeout 40 .dist/forja_tests --gtest_filter='TrainStep.Kept*:AttentionTest.RowDot*:MemoryPlan.*' > $OUT/tests.txt 2>&1
 grep -E "^\[  (PASSED|FAILED)|FAILED|tests ran|kept att" $OUT/tests.txt | head -20; echo "tests done at $SECONDS s"
 rm -f .dist/forja-before
