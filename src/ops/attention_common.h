@@ -35,6 +35,16 @@ inline void check_attention_heads(const char* op, const AttentionDims& m) {
   if (m.d == 0) throw std::invalid_argument(std::string(op) + ": head_dim is 0");
 }
 
+// out: fp32 [B*S, nh, d], or with out_f16_ld > 0 fp16 rows of that many halves per token
+// (AttentionGemmOptions::out_f16_ld: even, at least nh * d, d even).
+inline void check_attention_out(const char* op, const AttentionDims& m, const gpu::Buffer& out, uint32_t out_f16_ld) {
+  if (out_f16_ld == 0) return check_attention_buffer(op, "out", out, m.q_seq() * m.batch);
+  if (out_f16_ld < m.nh * m.d || out_f16_ld % 2 || m.d % 2 || out.size < uint64_t(m.seq) * m.batch * out_f16_ld * 2)
+    throw std::invalid_argument(std::string(op) + ": the fp16 out needs rows of an even number of halves >= heads x " +
+                                "head_dim (even), " + std::to_string(out_f16_ld) + " given, in " +
+                                std::to_string(out.size) + " bytes");
+}
+
 // The forward's operands (the backward's too, which adds dout, dq, dk, dv).
 // out_f16_ld > 0: out is fp16 in rows of that many halves per token (AttentionGemmOptions::out_f16_ld).
 inline void check_attention_operands(const char* op, const AttentionDims& m, const gpu::Buffer& q,
@@ -44,12 +54,7 @@ inline void check_attention_operands(const char* op, const AttentionDims& m, con
   check_attention_buffer(op, "k", k, m.kv_seq() * m.batch);
   check_attention_buffer(op, "v", v, m.kv_seq() * m.batch);
   check_attention_buffer(op, "segments", segments, uint64_t(m.seq) * m.batch);
-  if (out_f16_ld == 0)
-    check_attention_buffer(op, "out", out, m.q_seq() * m.batch);
-  else if (out_f16_ld < m.nh * m.d || out_f16_ld % 2 || m.d % 2 || out.size < uint64_t(m.seq) * m.batch * out_f16_ld * 2)
-    throw std::invalid_argument(std::string(op) + ": the fp16 out needs rows of an even number of halves >= heads x " +
-                                "head_dim (even), " + std::to_string(out_f16_ld) + " given, in " +
-                                std::to_string(out.size) + " bytes");
+  check_attention_out(op, m, out, out_f16_ld);
   check_attention_buffer(op, "lse", lse, m.stat_seq() * m.batch);
 }
 

@@ -433,11 +433,7 @@ void attention_row_dot(gpu::Context& ctx, const gpu::Buffer& out, const gpu::Buf
                        uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t out_f16_ld) {
   const Dims m{batch, seq, n_heads, n_heads, head_dim};
   if (batch == 0 || seq == 0) return;
-  if (out_f16_ld == 0) check_attention_buffer("attention_row_dot", "out", out, m.q_seq() * batch);
-  else if (out_f16_ld < n_heads * head_dim || out_f16_ld % 2 || head_dim % 2 ||
-           out.size < uint64_t(batch) * seq * out_f16_ld * 2)
-    throw std::invalid_argument("attention_row_dot: the fp16 out needs rows of an even number of halves >= heads x "
-                                "head_dim (even)");
+  check_attention_out("attention_row_dot", m, out, out_f16_ld);
   check_attention_buffer("attention_row_dot", "dout", dout, m.q_seq() * batch);
   check_attention_buffer("attention_row_dot", "drow", drow, m.stat_seq() * batch);
   const uint32_t per = sequences_per_dispatch(ctx, "attention_row_dot", m);
