@@ -12,6 +12,8 @@
 
 namespace forja::model {
 
+uint32_t lora_fold_pad(int64_t rank) { return static_cast<uint32_t>((rank + 63) / 64 * 64); }
+
 uint32_t dequantised_ld(uint32_t in, uint32_t fold) { return in + std::max<uint32_t>(fold, 64); }
 
 uint64_t dequantised_slot_bytes(uint64_t out, uint32_t in, uint32_t fold) {

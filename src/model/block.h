@@ -37,6 +37,10 @@ std::vector<BlockTensor> block_tensors(const ModelConfig& config, int64_t lora_w
 // Elements per token of one role, summed.
 int64_t block_elements_per_token(const ModelConfig& config, int64_t lora_width, BlockRole role);
 
+// The K columns a product folding LoRA gives its factor (Transformer::lora_folds): the rank
+// rounded up to whole 64-deep K tiles, the largest the GEMM kernels take.
+uint32_t lora_fold_pad(int64_t rank);
+
 // Mixed precision dequantises each NF4 projection W [out, in] to fp16 before its products, into
 // a slot per projection kind (model/transformer.cpp) laid out as both folds read it: rows
 // [W | s B ; A | 0], the forward taking [W | s B] with K = in + fold and the backward [W ; A]

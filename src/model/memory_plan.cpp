@@ -58,7 +58,7 @@ namespace {
 // rounded up to 64 in mixed precision with any target), and the fp32 log-sum-exp of each head.
 std::uint64_t kept_attention_bytes_per_token(const ModelConfig& c, const TrainingSettings& s) {
   const std::uint64_t pad =
-      !s.targets.empty() && s.lora_rank > 0 ? (static_cast<std::uint64_t>(s.lora_rank) + 63) / 64 * 64 : 0;
+      !s.targets.empty() && s.lora_rank > 0 ? lora_fold_pad(s.lora_rank) : 0;
   return (static_cast<std::uint64_t>(c.q_dim()) + pad) * 2 + static_cast<std::uint64_t>(c.num_heads) * 4;
 }
 }  // namespace
@@ -113,7 +113,7 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
   // Mixed precision folds each NF4 projection's LoRA factor into its product, K growing by the
   // rank rounded up to 64 (Transformer::lora_folds): the scratches below are that much wider.
   const std::uint64_t fold =
-      s.nf4 && s.dense_weight_bytes == 2 && plan.lora_parameters > 0 ? (static_cast<std::uint64_t>(s.lora_rank) + 63) / 64 * 64 : 0;
+      s.nf4 && s.dense_weight_bytes == 2 && plan.lora_parameters > 0 ? lora_fold_pad(s.lora_rank) : 0;
   if (s.nf4 && s.dense_weight_bytes == 2) {
     // Mixed precision (16-bit dense weights) dequantises each NF4 projection to fp16 before its
     // product, into a slot per projection kind (model/transformer.h, DequantSlot).

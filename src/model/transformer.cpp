@@ -133,7 +133,7 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   const bool input_copies = options.precision == Precision::mixed && options.fp16_input_copies;
   // LoRA folded into the NF4 products (lora_folds): K grows by the rank rounded up to whole
   // 64-deep K tiles, the largest the GEMM kernels take, so no product needs an edge tile for it.
-  if (lora_f16_ && dequantize && input_copies) lora_pad_ = (static_cast<uint32_t>(lora.settings().rank) + 63) / 64 * 64;
+  if (lora_f16_ && dequantize && input_copies) lora_pad_ = lora_fold_pad(lora.settings().rank);
   const uint64_t P = lora_pad_;
   if (dequantize) {
     // A slot per projection kind, for its largest layer: W with room for the LoRA factors beside
