@@ -67,6 +67,14 @@ std::string count_text(double n) {
   return buf;
 }
 
+// What checkpointing keeps besides the layer inputs, for the header: " (attention outputs and
+// LoRA inputs kept)", one of them, or "".
+std::string kept_text(bool attention, bool lora_inputs) {
+  if (!attention && !lora_inputs) return "";
+  return std::string(" (") + (attention ? "attention outputs" : "") + (attention && lora_inputs ? " and " : "") +
+         (lora_inputs ? "LoRA inputs" : "") + " kept)";
+}
+
 std::string shape_list() {
   std::string list;
   for (const std::string& n : model::bench_shape_names()) list += (list.empty() ? "" : ", ") + n;
@@ -132,7 +140,7 @@ int run_bench(BenchOptions o) {
                                      static_cast<uint32_t>(plan_settings.seq_len), plan_settings.fused_attention_backward);
   // the engine keeps attention outputs with the GEMM path's fused backward and fp16 LoRA products only
   plan_settings.keep_attention = (o.attention == "automatic" || o.attention == "gemm") && o.lora_products != "fp32";
-  model::choose_kept_attention(c, plan_settings, ctx->info().device_local_bytes());
+  model::choose_kept_activations(c, plan_settings, ctx->info().device_local_bytes());
   const model::MemoryPlan plan = model::plan_training_memory(c, plan_settings);
   const model::StepFlops flops =
       model::training_step_flops(c, o.batch, o.seq_len, o.lora_rank, plan_settings.targets);
@@ -150,7 +158,8 @@ int run_bench(BenchOptions o) {
                "checkpointing %s, %lld warm-up + %lld timed steps\n",
                B, S, B * S, nf4 ? "NF4 (double quant)" : "fp32 (not quantised)", o.precision.c_str(),
                (long long)o.lora_rank,
-               (o.checkpointing + (model::keeps_attention_outputs(c, plan_settings) ? " (attention outputs kept)" : ""))
+               (o.checkpointing + kept_text(model::keeps_attention_outputs(c, plan_settings),
+                                            model::keeps_lora_inputs(c, plan_settings)))
                    .c_str(),
                (long long)o.warmup, (long long)o.steps);
   std::fflush(progress);
@@ -182,6 +191,7 @@ int run_bench(BenchOptions o) {
                          : o.lora_products == "fp16" ? LoraProducts::fp16
                                                      : LoraProducts::automatic;
       to.keep_attention = plan_settings.keep_attention;
+      to.keep_lora_inputs = plan_settings.keep_lora_inputs;
       model::Transformer tf(*ctx, base, lora, B, S, checkpointing, to);
       train::OptimizerSettings os;
       os.total_steps = o.warmup + o.steps;
@@ -240,6 +250,7 @@ int run_bench(BenchOptions o) {
                         {"rank", o.lora_rank},
                         {"grad_ckpt", checkpointing},
                         {"kept_attention", model::keeps_attention_outputs(c, plan_settings)},
+                        {"kept_lora_inputs", model::keeps_lora_inputs(c, plan_settings)},
                         {"steps", o.steps},
                         {"tokens_per_s", tokens_per_s},
                         {"step_ms", step_s * 1e3},

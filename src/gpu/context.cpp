@@ -25,7 +25,8 @@ Context::Context(std::shared_ptr<Device> device) : device_(std::move(device)) {
   pipelines_ = std::make_unique<PipelineCache>(device_);
   profiling_ = env_flag("FORJA_PROFILE") && device_->info().timestamps;
   const char* profile = std::getenv("FORJA_PROFILE");
-  profile_shapes_ = profiling_ && std::string_view(profile) == "shapes";
+  profile_serial_ = profiling_ && std::string_view(profile) == "serial";
+  profile_shapes_ = profiling_ && (std::string_view(profile) == "shapes" || profile_serial_);
   if (profiling_) max_batch_ = std::min(max_batch_, max_timed_);
 
   VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
@@ -112,7 +113,7 @@ void Context::before_command(const std::vector<Binding>& bindings, VkPipelineSta
       if (r.buffer == buf && r.begin < end && begin < r.end) return true;
     return false;
   };
-  bool hazard = false;
+  bool hazard = profile_serial_;
   for (const Binding& b : bindings) {
     const uint64_t begin = b.buffer.offset, end = b.buffer.offset + b.buffer.size;
     if (overlaps(written_, b.buffer.buffer, begin, end)) hazard = true;  // RAW or WAW

@@ -10,6 +10,9 @@
 // FORJA_PROFILE=1 writes a GPU timestamp around every dispatch and prints, at exit, per op name
 // the count, total ms and GFLOP/s (when the op passed its FLOP count). FORJA_PROFILE=shapes does
 // the same and files each product under its shape too (ops::gemm: "gemm_cm2 2048x4096x2624 NT").
+// FORJA_PROFILE=serial is shapes with a barrier before every dispatch: each op runs alone, so its
+// time is its own. Without it, dispatches with no hazard between them overlap (a dequantisation
+// beside a product) and a timestamp pair can take in part of a neighbour's time.
 #pragma once
 #include <vulkan/vulkan.h>
 
@@ -106,7 +109,7 @@ class Context {
   // Maximum number of commands in one submitted command buffer.
   void set_max_batch(uint32_t n) { max_batch_ = n; }
   bool profiling() const { return profiling_; }
-  bool profiling_shapes() const { return profile_shapes_; }  // FORJA_PROFILE=shapes
+  bool profiling_shapes() const { return profile_shapes_; }  // FORJA_PROFILE=shapes or serial
   const std::map<std::string, ProfileEntry>& profile() const { return profile_; }
   void print_profile() const;
   uint64_t barriers_recorded() const { return barriers_; }
@@ -141,6 +144,7 @@ class Context {
   uint32_t max_timed_ = 512;
   bool profiling_ = false;
   bool profile_shapes_ = false;
+  bool profile_serial_ = false;  // FORJA_PROFILE=serial: a barrier before every dispatch
   // Hazard tracking since the last barrier.
   std::vector<Range> written_, read_;
   uint64_t barriers_ = 0;

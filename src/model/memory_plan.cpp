@@ -106,6 +106,9 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
   if (keeps_attention_outputs(c, s))
     plan.parts.push_back({"attention outputs kept", layers * tokens * kept_attention_bytes_per_token(c, s),
                           "fp16 output and log-sum-exp of every layer: no attention forward in the recomputation"});
+  if (keeps_lora_inputs(c, s))
+    plan.parts.push_back({"LoRA inputs kept", layers * tokens * static_cast<std::uint64_t>(lora_width(s)) * 4,
+                          "t = x A^T of every layer: no x A^T product in the recomputation"});
   const std::uint64_t gradients =
       tokens * static_cast<std::uint64_t>(block_elements_per_token(c, lora_width(s), BlockRole::gradient)) * 4;
   plan.parts.push_back({"activation gradients", gradients, "one layer's, shared by all layers"});
@@ -179,7 +182,12 @@ bool keeps_attention_outputs(const ModelConfig& c, const TrainingSettings& s) {
          s.lora_dropout == 0 && (!o_lora || o_folds);
 }
 
-void choose_kept_attention(const ModelConfig& c, TrainingSettings& s, std::uint64_t device_bytes) {
+bool keeps_lora_inputs(const ModelConfig&, const TrainingSettings& s) {
+  return s.checkpointing && s.keep_lora_inputs && lora_width(s) > 0;
+}
+
+void choose_kept_activations(const ModelConfig& c, TrainingSettings& s, std::uint64_t device_bytes) {
+  if (!gpu::env_flag_default_on("FORJA_KEEP_LORA_INPUTS")) s.keep_lora_inputs = false;
   if (!gpu::env_flag_default_on("FORJA_KEEP_ATTENTION")) s.keep_attention = false;
   if (!keeps_attention_outputs(c, s) || device_bytes == 0) return;
   if (plan_training_memory(c, s).total() > device_bytes / 4 * 3) s.keep_attention = false;

@@ -47,8 +47,11 @@ struct TrainingSettings {
   bool attention_qk_f16 = false;
   // Checkpointing keeps each layer's attention output (the fp16 copy o_proj reads) and
   // log-sum-exp, so the recomputation skips attention's forward, where keeps_attention_outputs
-  // says the engine can (TransformerOptions::keep_attention; choose_kept_attention decides).
+  // says the engine can (TransformerOptions::keep_attention; choose_kept_activations decides).
   bool keep_attention = true;
+  // and each layer's LoRA inputs t, so the recomputation runs no x A^T product
+  // (TransformerOptions::keep_lora_inputs; keeps_lora_inputs).
+  bool keep_lora_inputs = true;
 };
 
 struct MemoryPart {
@@ -77,10 +80,15 @@ MemoryPlan plan_training_memory(const ModelConfig& c, const TrainingSettings& s)
 // o_proj's product able to read the fp16 copy (LoRA on it folded into NF4 products, or none).
 bool keeps_attention_outputs(const ModelConfig& c, const TrainingSettings& s);
 
+// Whether the engine keeps the LoRA inputs t across checkpointing for these settings
+// (TransformerOptions::keep_lora_inputs): checkpointing, keep_lora_inputs asked, and LoRA.
+bool keeps_lora_inputs(const ModelConfig& c, const TrainingSettings& s);
+
 // Sets s.keep_attention: off where FORJA_KEEP_ATTENTION=0 or where the plan with the kept outputs
 // exceeds 3/4 of `device_bytes` (a card the run fills anyway keeps its memory for the rest; 0 =
-// unknown: kept), else left as asked.
-void choose_kept_attention(const ModelConfig& c, TrainingSettings& s, std::uint64_t device_bytes);
+// unknown: kept), else left as asked. And s.keep_lora_inputs: off where FORJA_KEEP_LORA_INPUTS=0
+// (their 448 bytes per token and layer at r16 on all seven need no such rule).
+void choose_kept_activations(const ModelConfig& c, TrainingSettings& s, std::uint64_t device_bytes);
 
 // fp32 activation elements saved per token by one layer for its backward (the block table's
 // saved tensors, model/block.h).

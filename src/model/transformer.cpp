@@ -215,6 +215,8 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
       kept_att_.push_back(alloc((T * (nh * d + P) * 2 + 3) / 4 * 4, "kept attention output (fp16)"));
       kept_lse_.push_back(alloc(T * nh * 4, "kept attention lse"));
     }
+  if (checkpointing_ && options.keep_lora_inputs && lora_width_ > 0)
+    for (int64_t i = 0; i < c_.num_layers; ++i) kept_t_.push_back(alloc(T * lora_width_ * 4, "kept LoRA inputs t"));
   final_h_ = alloc(T * H * 4, "final norm");
   final_rstd_ = alloc(T * 4, "final rstd");
   if (lora_.settings().dropout > 0) {
@@ -644,7 +646,8 @@ class Transformer::ForwardSteps : public BlockSteps {
   // recompute: the checkpointing recomputation inside the backward (which skips attention's
   // forward where its outputs are kept).
   ForwardSteps(Transformer& engine, size_t layer, LayerActs& acts, bool recompute)
-      : e_(engine), layer_(layer), a_(acts), recompute_(recompute) {}
+      : e_(engine), layer_(layer), a_(acts), t_(engine.lora_inputs(layer, acts)), recompute_(recompute),
+        t_kept_(recompute && engine.keeps_lora_inputs()) {}
 
   void linear(LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y, bool accumulate) override {
     using K = LinearKind;
@@ -658,7 +661,7 @@ class Transformer::ForwardSteps : public BlockSteps {
         ops::to_f16_block(e_.ctx_, x, 0, in, kept, 0, in + e_.lora_pad_, e_.tokens_, in, in, 1.0f,
                           e_.range_flags_.valid() ? &flag : nullptr);
       }
-      e_.linear_forward(layer_, kind, kept, y, a_.t, accumulate, false, false, true);
+      e_.linear_forward(layer_, kind, kept, y, t_, accumulate, t_kept_, false, true);
       e_.prefetch_weight(layer_, K::Gate, false);
       return;
     }
@@ -671,7 +674,8 @@ class Transformer::ForwardSteps : public BlockSteps {
     if (kind == K::Q || kind == K::Gate) {
       first_ = kind;
       group_ = kind == K::Q ? e_.lora_group(layer_, {K::Q, K::K, K::V}) : e_.lora_group(layer_, {K::Gate, K::Up});
-      group16_ = group_ && e_.lora_group_forward(layer_, kind, group_, x, a_.t, x_f16);  // left x's fp16 copy
+      // (a kept t: no product for the group; the first base product makes x's fp16 copy)
+      group16_ = group_ && !t_kept_ && e_.lora_group_forward(layer_, kind, group_, x, t_, x_f16);
       t_ready = group_ > 0;
       input16_ready = group16_;
     } else if (kind == K::K || kind == K::V || kind == K::Up) {
@@ -679,7 +683,7 @@ class Transformer::ForwardSteps : public BlockSteps {
       t_ready = group_ > index;
       input16_ready = true;  // the group's first base product made the copy
     }
-    e_.linear_forward(layer_, kind, x, y, a_.t, accumulate, t_ready, input16_ready, x_f16);
+    e_.linear_forward(layer_, kind, x, y, t_, accumulate, t_ready || t_kept_, input16_ready, x_f16);
     // The next projection's weight, dequantised while this product runs (the recomputation's
     // down_proj too: its backward then finds W in the slot).
     if (kind != K::Down) e_.prefetch_weight(layer_, static_cast<K>(static_cast<int>(kind) + 1), false);
@@ -739,20 +743,22 @@ class Transformer::ForwardSteps : public BlockSteps {
   // A recomputation for the backward: of the down projection only its LoRA input t is needed.
   void down_input(const gpu::Buffer& act) override {
     const LoraSlot* s = e_.lora_.find(static_cast<int64_t>(layer_), LinearKind::Down);
-    if (!s) return;
-    if (!e_.down_f16(layer_)) return e_.lora_input_forward(layer_, *s, act, a_.t);
+    if (!s || t_kept_) return;
+    if (!e_.down_f16(layer_)) return e_.lora_input_forward(layer_, *s, act, t_);
     // t = act A^T from act's fp16 copy (activation above), as linear_forward's folded path does
     const uint32_t in = s->in;
     ops::gemm(e_.ctx_, lora_product({e_.tokens_, s->rank, in, false, true}, "lora_xa"),
               e_.f16_copy(act, in), e_.lora_weight(s->a_offset, in),
-              e_.lora_view(a_.t, LinearKind::Down), e_.options_.base_kernel);
+              e_.lora_view(t_, LinearKind::Down), e_.options_.base_kernel);
   }
 
  private:
   Transformer& e_;
   size_t layer_;
   LayerActs& a_;
+  const gpu::Buffer& t_;  // the layer's LoRA inputs t (Transformer::lora_inputs)
   bool recompute_ = false;
+  bool t_kept_ = false;   // the recomputation of a layer whose t the forward kept: no x A^T products
   LinearKind first_ = LinearKind::Q;  // the first projection of the current input group
   uint32_t group_ = 0;                // its lora_group
   bool group16_ = false;              // lora_group_forward left the input's fp16 copy
@@ -770,12 +776,13 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
                  d = static_cast<uint32_t>(c_.head_dim);
   GradScratch& g = *grad_;
   using K = LinearKind;
-  if (lora_f16_) ops::to_f16(ctx_, a.t, t16_, uint64_t(T) * lora_width_);  // the dB products' t
+  const gpu::Buffer& t = lora_inputs(i, a);
+  if (lora_f16_) ops::to_f16(ctx_, t, t16_, uint64_t(T) * lora_width_);  // the dB products' t
 
   // MLP: dx is the gradient of x3 = x2 + down(act)
   // Each projection's weight is prefetched right after the previous product (prefetch_weight):
   // Down, Gate, Up, O, then Q beside the attention's backward, K, V.
-  linear_backward(i, K::Down, a.act, a.t, dx, g.dact, false, false, false, down_f16(i));
+  linear_backward(i, K::Down, a.act, t, dx, g.dact, false, false, false, down_f16(i));
   prefetch_weight(i, K::Gate, true);
   const bool mlp16 = mlp_backward_f16(i);
   if (mlp16)
@@ -784,9 +791,9 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
     ops::swiglu_backward(ctx_, a.g, a.u, g.dact, g.dg, g.du, uint64_t(T) * I);
   const uint32_t mlp = lora_group(i, {K::Gate, K::Up});
   const bool h2_f16 = norm_f16(i, true), h1_f16 = norm_f16(i, false);
-  linear_backward(i, K::Gate, a.h2, a.t, g.dg, g.dh, false, mlp > 0, mlp16, h2_f16);
+  linear_backward(i, K::Gate, a.h2, t, g.dg, g.dh, false, mlp > 0, mlp16, h2_f16);
   prefetch_weight(i, K::Up, true);
-  linear_backward(i, K::Up, a.h2, a.t, g.du, g.dh, true, mlp > 1, mlp16, h2_f16);
+  linear_backward(i, K::Up, a.h2, t, g.du, g.dh, true, mlp > 1, mlp16, h2_f16);
   prefetch_weight(i, K::O, true);
   if (mlp) lora_group_backward(i, K::Gate, mlp, a.h2, g.dh, h2_f16);
   ops::rmsnorm_backward(ctx_, g.dh, a.x2, L.post_norm, DType::f32, a.rstd2, dx, T, H, true);  // dx: grad of x2
@@ -795,7 +802,7 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
   // (the kept attention output: its fp16 copy, as o_proj's forward read it)
   const gpu::Buffer& att = keep_attention_ ? kept_att_[i] : a.att;
   const gpu::Buffer& lse = keep_attention_ ? kept_lse_[i] : a.lse;
-  linear_backward(i, K::O, att, a.t, dx, g.datt, false, false, false, keep_attention_);
+  linear_backward(i, K::O, att, t, dx, g.datt, false, false, false, keep_attention_);
   prefetch_weight(i, K::Q, true);
   const float scale = static_cast<float>(1.0 / std::sqrt(double(d)));
   if (attention_ == Attention::flash) {
@@ -823,11 +830,11 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
     dk = g.dk_raw;
   }
   const uint32_t qkv = lora_group(i, {K::Q, K::K, K::V});
-  linear_backward(i, K::Q, a.h1, a.t, dq, g.dh, false, qkv > 0, false, h1_f16);
+  linear_backward(i, K::Q, a.h1, t, dq, g.dh, false, qkv > 0, false, h1_f16);
   prefetch_weight(i, K::K, true);
-  linear_backward(i, K::K, a.h1, a.t, dk, g.dh, true, qkv > 1, false, h1_f16);
+  linear_backward(i, K::K, a.h1, t, dk, g.dh, true, qkv > 1, false, h1_f16);
   prefetch_weight(i, K::V, true);
-  linear_backward(i, K::V, a.h1, a.t, g.dv, g.dh, true, qkv > 2, false, h1_f16);
+  linear_backward(i, K::V, a.h1, t, g.dv, g.dh, true, qkv > 2, false, h1_f16);
   if (qkv) lora_group_backward(i, K::Q, qkv, a.h1, g.dh, h1_f16);
   ops::rmsnorm_backward(ctx_, g.dh, x_in, L.input_norm, DType::f32, a.rstd1, dx, T, H, true);  // dx: grad of x
 }

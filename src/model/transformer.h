@@ -74,8 +74,15 @@ struct TransformerOptions {
   // forward and the backward reads them (2 x q_dim + 4 x heads bytes per token and layer: 585 MiB
   // at Qwen3-4B 1x2048). Where the engine cannot (model::keeps_attention_outputs: mixed precision,
   // the fused attention backward, no LoRA dropout, o_proj's LoRA folded or absent) it recomputes
-  // them as before; the trainer and `forja bench` ask model::choose_kept_attention.
+  // them as before; the trainer and `forja bench` ask model::choose_kept_activations.
   bool keep_attention = true;
+  // With checkpointing and LoRA: each layer keeps its LoRA inputs t = x A^T (fp32 [T, targets x
+  // rank]) from the forward, so the recomputation runs none of the x A^T products (4 products
+  // and their split-K sums a layer at Qwen3-4B; 448 bytes per token and layer at r16 on all
+  // seven: 31.5 MiB at 1x2048). The recomputation's t would be the same bits (the products are
+  // deterministic), so nothing else changes. model::keeps_lora_inputs asks the same of the
+  // plan's settings; FORJA_KEEP_LORA_INPUTS=0 turns it off (TrainingSettings).
+  bool keep_lora_inputs = true;
 };
 
 // One micro-batch, host side: B sequences of S tokens, row-major [B, S].
@@ -132,6 +139,8 @@ class Transformer {
 
   // Whether the attention outputs are kept across checkpointing (TransformerOptions::keep_attention).
   bool keeps_attention() const { return keep_attention_; }
+  // Whether the LoRA inputs are kept across checkpointing (TransformerOptions::keep_lora_inputs).
+  bool keeps_lora_inputs() const { return !kept_t_.empty(); }
 
  private:
   using LayerActs = BlockActs;
@@ -286,6 +295,13 @@ class Transformer {
   // room for o_proj's LoRA factor ([T, q_dim + lora_pad_]) and its log-sum-exp ([B, nh, S]).
   bool keep_attention_ = false;
   std::vector<gpu::Buffer> kept_att_, kept_lse_;
+  // TransformerOptions::keep_lora_inputs resolved: per layer its t ([T, lora_width_] fp32), which
+  // the forward writes and the recomputation and the backward read (empty: each layer's t is in
+  // its LayerActs).
+  std::vector<gpu::Buffer> kept_t_;
+  const gpu::Buffer& lora_inputs(size_t layer, const LayerActs& a) const {
+    return kept_t_.empty() ? a.t : kept_t_[layer];
+  }
   std::unique_ptr<GradScratch> grad_;
   gpu::Buffer final_h_, final_rstd_;
   // LoRA dropout: the micro-batch's key stream, whether this run applies it, and a scratch of

@@ -300,7 +300,7 @@ void Run::load() {
   ts.targets.clear();
   for (model::LinearKind k : model::kAllLinears)
     if (lora_settings_of(c_).targets[size_t(k)]) ts.targets.push_back(k);
-  model::choose_kept_attention(mc_, ts, ctx_->info().device_local_bytes());
+  model::choose_kept_activations(mc_, ts, ctx_->info().device_local_bytes());
   const model::MemoryPlan plan = model::plan_training_memory(mc_, ts);
   std::printf("memory plan (estimate): %s\n", gib(plan.total()).c_str());
   for (const auto& p : plan.parts) std::printf("  %-28s %10s  %s\n", p.name.c_str(), gib(p.bytes).c_str(), p.note.c_str());
@@ -344,6 +344,7 @@ void Run::load() {
 
   model::TransformerOptions transformer_options{precision};
   transformer_options.keep_attention = ts.keep_attention;
+  transformer_options.keep_lora_inputs = ts.keep_lora_inputs;
   tf_ = std::make_unique<model::Transformer>(*ctx_, *base_, *lora_, uint32_t(c_.batch_size), uint32_t(c_.seq_len),
                                              c_.checkpointing(), transformer_options);
   OptimizerSettings os;

@@ -100,5 +100,29 @@ TEST_F(GpuContext, IndependentDispatchesNeedNoBarrier) {
   for (auto& b : {x, y1, y2}) ctx().free(b);
 }
 
+// FORJA_PROFILE=serial: a barrier before every dispatch, hazard or not, so each timed op runs
+// alone; both dispatches are filed under their op name.
+TEST(GpuContextProfile, SerialProfileRunsEachDispatchAlone) {
+  ::setenv("FORJA_PROFILE", "serial", 1);
+  std::unique_ptr<gpu::Context> c = gpu::Context::create(-1, /*quiet=*/true);
+  ::unsetenv("FORJA_PROFILE");
+  if (!c->profiling()) GTEST_SKIP() << "the device has no compute timestamps";
+  EXPECT_TRUE(c->profiling_shapes());
+  const uint32_t n = 256;
+  gpu::Buffer x = c->alloc(n * 4), y1 = c->alloc(n * 4), y2 = c->alloc(n * 4);
+  c->fill(x, 0);
+  c->finish();
+  const auto& p = c->pipelines().get(kernels::fill_test);
+  const uint64_t before = c->barriers_recorded();
+  c->dispatch(p, {{x, gpu::Access::read}, {y1, gpu::Access::write}}, AxpbPush{n, 1.0f, 3.0f}, 4, 1, 1, "serial_op");
+  c->dispatch(p, {{x, gpu::Access::read}, {y2, gpu::Access::write}}, AxpbPush{n, 1.0f, 5.0f}, 4, 1, 1, "serial_op");
+  EXPECT_EQ(c->barriers_recorded() - before, 2u);  // no hazard between them, a barrier before each
+  EXPECT_EQ(c->download<float>(y2, n)[0], 5.0f);
+  c->finish();
+  ASSERT_EQ(c->profile().count("serial_op"), 1u);
+  EXPECT_EQ(c->profile().at("serial_op").count, 2u);
+  for (auto& b : {x, y1, y2}) c->free(b);
+}
+
 }  // namespace
 }  // namespace forja::test

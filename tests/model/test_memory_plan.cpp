@@ -157,7 +157,7 @@ TEST(MemoryPlan, FusedAttentionBackwardNeedsOnlyItsCopies) {
 // Attention outputs kept across checkpointing (keeps_attention_outputs): mixed precision with
 // the fused backward and checkpointing, no LoRA dropout, o_proj's LoRA folded (NF4) or absent;
 // per layer and token the fp16 copy o_proj reads (q_dim + the fold's 64 halves) and the fp32 lse
-// of each head. choose_kept_attention drops them where the plan would pass 3/4 of the device.
+// of each head. choose_kept_activations drops them where the plan would pass 3/4 of the device.
 TEST(MemoryPlan, KeptAttentionOutputs) {
   ModelConfig c = parse(test::qwen3_4b());
   TrainingSettings s;
@@ -191,20 +191,61 @@ TEST(MemoryPlan, KeptAttentionOutputs) {
   EXPECT_TRUE(keeps_attention_outputs(c, dense_no_o));
 
   TrainingSettings chosen = s;
-  choose_kept_attention(c, chosen, 80ull << 30);
+  choose_kept_activations(c, chosen, 80ull << 30);
   EXPECT_TRUE(chosen.keep_attention);
-  choose_kept_attention(c, chosen, 0);  // unknown memory: as asked
+  choose_kept_activations(c, chosen, 0);  // unknown memory: as asked
   EXPECT_TRUE(chosen.keep_attention);
   const std::uint64_t need = with.total();
-  choose_kept_attention(c, chosen, need / 3 * 4 + 8);
+  choose_kept_activations(c, chosen, need / 3 * 4 + 8);
   EXPECT_TRUE(chosen.keep_attention);
-  choose_kept_attention(c, chosen, need / 3 * 4 - 8);
+  choose_kept_activations(c, chosen, need / 3 * 4 - 8);
   EXPECT_FALSE(chosen.keep_attention);
   chosen.keep_attention = true;
   ::setenv("FORJA_KEEP_ATTENTION", "0", 1);
-  choose_kept_attention(c, chosen, 80ull << 30);
+  choose_kept_activations(c, chosen, 80ull << 30);
   ::unsetenv("FORJA_KEEP_ATTENTION");
   EXPECT_FALSE(chosen.keep_attention);
+}
+
+// The LoRA inputs kept across checkpointing (keeps_lora_inputs): t = x A^T of every layer, fp32,
+// targets x rank per token; with checkpointing and LoRA only. choose_kept_activations drops them
+// for FORJA_KEEP_LORA_INPUTS=0 and leaves them otherwise.
+TEST(MemoryPlan, KeptLoraInputs) {
+  ModelConfig c = parse(test::qwen3_4b());
+  TrainingSettings s;
+  s.batch = 1;
+  s.seq_len = 2048;
+  auto kept = [](const MemoryPlan& p) {
+    for (auto& m : p.parts)
+      if (m.name == "LoRA inputs kept") return m.bytes;
+    return std::uint64_t{0};
+  };
+  ASSERT_TRUE(keeps_lora_inputs(c, s));
+  const MemoryPlan with = plan_training_memory(c, s);
+  EXPECT_EQ(kept(with), 36u * 2048 * (7 * 16) * 4);  // 31.5 MiB
+  TrainingSettings off = s;
+  off.keep_lora_inputs = false;
+  EXPECT_FALSE(keeps_lora_inputs(c, off));
+  EXPECT_EQ(with.total() - plan_training_memory(c, off).total(), kept(with));
+  for (auto change : std::initializer_list<void (*)(TrainingSettings&)>{
+           [](TrainingSettings& t) { t.checkpointing = false; }, [](TrainingSettings& t) { t.targets.clear(); },
+           [](TrainingSettings& t) { t.lora_rank = 0; }}) {
+    TrainingSettings t = s;
+    change(t);
+    EXPECT_FALSE(keeps_lora_inputs(c, t));
+    EXPECT_EQ(kept(plan_training_memory(c, t)), 0u);
+  }
+  TrainingSettings two = s;  // the width follows the targets
+  two.targets = {LinearKind::Q, LinearKind::V};
+  EXPECT_EQ(kept(plan_training_memory(c, two)), 36u * 2048 * (2 * 16) * 4);
+
+  TrainingSettings chosen = s;
+  choose_kept_activations(c, chosen, 1ull << 20);  // no memory rule: as asked
+  EXPECT_TRUE(chosen.keep_lora_inputs);
+  ::setenv("FORJA_KEEP_LORA_INPUTS", "0", 1);
+  choose_kept_activations(c, chosen, 80ull << 30);
+  ::unsetenv("FORJA_KEEP_LORA_INPUTS");
+  EXPECT_FALSE(chosen.keep_lora_inputs);
 }
 
 }  // namespace

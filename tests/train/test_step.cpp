@@ -246,5 +246,54 @@ TEST_F(TrainStep, KeptAttentionOutputsMatchTheRecomputation) {
   model::free_base_weights(ctx(), base);
 }
 
+// With checkpointing, the engine keeps each layer's LoRA inputs t from the forward, and the
+// recomputation runs no x A^T product (TransformerOptions::keep_lora_inputs). The products are
+// deterministic, so the kept t is the recomputed one and the loss and gradients are the same bit
+// for bit: in fp32 (t beside the base products) and mixed (t folded into the NF4 products, fp16
+// copies), with and without LoRA dropout (whose masks the recomputation would regenerate).
+TEST_F(TrainStep, KeptLoraInputsMatchTheRecomputation) {
+  const io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(dir_);
+  const model::TokenBatch b = random_batch(2, 20, 13);
+  std::mt19937 rng(6);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  std::vector<float> p(lora_->parameter_count());
+  for (float& x : p) x = normal(rng);
+  for (model::Precision precision : {model::Precision::fp32, model::Precision::mixed}) {
+    model::BaseWeightOptions bo;
+    bo.dense_dtype = model::dense_dtype_for(precision);
+    model::BaseWeights base = model::load_base_weights(ctx(), ck, config_, bo);
+    for (double dropout : {0.0, 0.1}) {
+      SCOPED_TRACE(std::string(precision == model::Precision::fp32 ? "fp32" : "mixed") + ", dropout " +
+                   std::to_string(dropout));
+      model::LoraSettings ls = lora_->settings();
+      ls.dropout = dropout;
+      model::LoraSet lora(ctx(), config_, ls);
+      ctx().upload(lora.params(), p);
+      auto run = [&](bool keep, bool& kept) {
+        model::TransformerOptions options;
+        options.precision = precision;
+        options.keep_lora_inputs = keep;
+        model::Transformer tf(ctx(), base, lora, b.batch, b.seq, true, options);
+        kept = tf.keeps_lora_inputs();
+        if (dropout > 0) tf.set_dropout_seed(3, 1, 0);
+        lora.zero_grads();
+        ctx().fill(loss_sum_, 0);
+        tf.run(b, 1.0f / float(b.target_count()), loss_sum_, true);
+        return std::pair{ctx().download<float>(loss_sum_, 1)[0], ctx().download<float>(lora.grads(), lora.parameter_count())};
+      };
+      bool kept = false, recomputed = true;
+      const auto with = run(true, kept), without = run(false, recomputed);
+      EXPECT_TRUE(kept);
+      EXPECT_FALSE(recomputed);
+      EXPECT_EQ(with.first, without.first);
+      EXPECT_EQ(with.second, without.second);
+      double largest = 0;
+      for (float g : with.second) largest = std::max(largest, double(std::abs(g)));
+      EXPECT_GT(largest, 0.0);
+    }
+    model::free_base_weights(ctx(), base);
+  }
+}
+
 }  // namespace
 }  // namespace forja::test
