@@ -10,9 +10,11 @@
 // FORJA_PROFILE=1 writes a GPU timestamp around every dispatch and prints, at exit, per op name
 // the count, total ms and GFLOP/s (when the op passed its FLOP count). FORJA_PROFILE=shapes does
 // the same and files each product under its shape too (ops::gemm: "gemm_cm2 2048x4096x2624 NT").
+// Each op's interval runs from the end of everything recorded before it to its own end, so the
+// intervals add up to the GPU's busy time; where dispatches overlap (no hazard between them: a
+// dequantisation beside a product) the time they share goes to the earlier one.
 // FORJA_PROFILE=serial is shapes with a barrier before every dispatch: each op runs alone, so its
-// time is its own. Without it, dispatches with no hazard between them overlap (a dequantisation
-// beside a product) and a timestamp pair can take in part of a neighbour's time.
+// time is its own (with the wait for the barrier).
 #pragma once
 #include <vulkan/vulkan.h>
 
