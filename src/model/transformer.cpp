@@ -537,12 +537,12 @@ void Transformer::linear_backward_folded(const BaseLinear& lin, const LoraSlot& 
   ops::gemm(ctx_, lora_product({lin.out, r, T, true, false, scale * lora_grad_scale_, 1.0f}, "lora_db"), dy16,
             MatrixView{t16_, DType::f16, column, lora_width_}, MatrixView{lora_.grad_b(s), DType::f32, 0, r},
             options_.base_kernel);
-  // dt = scale * dy B             [T, r], then its fp16 copies: beside dy16 and in dt16_ (for dA)
+  // dt = scale * dy B             [T, r], with its fp16 copies: beside dy16 (zeros up to P) and in
+  // dt16_ (for dA), written by the product's summing kernel (ops::GemmF16Copy)
   const MatrixView dt = lora_view(grad_->dt, s.kind);
+  const ops::GemmF16Copy dt_copies[] = {{dy16.buffer, dy16.offset + lin.out, K, P}, {dt16_, column, lora_width_, r}};
   ops::gemm(ctx_, lora_product({T, r, lin.out, false, false, scale, 0.0f}, "lora_dt"), dy16, lora_weight(s.b_offset, r), dt,
-            options_.base_kernel);
-  ops::to_f16_block(ctx_, grad_->dt, column, lora_width_, dy16.buffer, lin.out, K, T, r, P);
-  ops::to_f16_block(ctx_, grad_->dt, column, lora_width_, dt16_, column, lora_width_, T, r, r);
+            options_.base_kernel, dt_copies);
   // dx (=|+=) [dy | dt] [W ; A]: the LoRA part of dx inside the base product, K = out + P (dt and
   // A rounded to fp16, zero rows up to P).
   ops::gemm(ctx_, GemmShape{T, lin.in, K, false, false, 1.0f, beta}, dy16,

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kernels/kernel_table.h"
+#include "ops/elementwise.h"
 #include "util/error.h"
 
 namespace forja::ops {
@@ -330,7 +331,8 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
 // scratch [slices, M, N] as one strided batch (plus one product for a shorter last slice),
 // then gemm_split_k sums them into C with beta.
 void gemm_split_k(gpu::Context& ctx, const GemmShape& s, uint32_t slices, const MatrixView& a, const MatrixView& b,
-                  const MatrixView& c, GemmKernel kernel, const gpu::KhrFragment& frag) {
+                  const MatrixView& c, GemmKernel kernel, const gpu::KhrFragment& frag,
+                  std::span<const GemmF16Copy> copies) {
   const uint32_t ks = (s.k + slices - 1) / slices;
   // Whole K tiles per slice (NV2's: its exact variant needs K a multiple of 64).
   const uint32_t tile_k = kernel == GemmKernel::nv_coopmat2 ? 64 : 16;
@@ -351,29 +353,54 @@ void gemm_split_k(gpu::Context& ctx, const GemmShape& s, uint32_t slices, const 
     p.k = rest, p.batch = 1;
     dispatch_part(ctx, p, a, a.offset + full * a_step, b, b.offset + full * b_step, part, full * mn, kernel, frag);
   }
-  gemm_sum_slices(ctx, scratch, parts, s.m, s.n, c, s.beta);
+  gemm_sum_slices(ctx, scratch, parts, s.m, s.n, c, s.beta, "gemm_split_k", copies);
   ctx.free(scratch);
 }
 
 }  // namespace
 
 void gemm_sum_slices(gpu::Context& ctx, const gpu::Buffer& parts, uint32_t slices, uint32_t m, uint32_t n,
-                     const MatrixView& c, float beta, const char* op) {
+                     const MatrixView& c, float beta, const char* op, std::span<const GemmF16Copy> copies) {
   struct ReducePush {
     uint32_t m, n, ldc, c_offset, slices;
     float beta;
   };
+  struct ReduceF16Push {
+    uint32_t m, n, ldc, c_offset, slices;
+    float beta;
+    uint32_t copies, d0_offset, d0_ld, d0_width, d1_offset, d1_ld, d1_width;
+  };
   static_assert(kernels::push_block_matches<ReducePush>(kernels::gemm_split_k));
+  static_assert(kernels::push_block_matches<ReduceF16Push>(kernels::gemm_split_k_f16));
   if (c.dtype != DType::f32 || c.ld < n) throw std::logic_error("gemm_sum_slices: C must be fp32 with ld >= n");
   const uint64_t mn = uint64_t(m) * n;
   if (parts.size < slices * mn * 4) throw std::logic_error("gemm_sum_slices: the parts buffer is smaller than its slices");
   const Operand oc = bind(ctx, c, c.offset, span_elements(m, n, c.ld, 1, 0));
-  const ReducePush push{m, n, c.ld, static_cast<uint32_t>(oc.offset), slices, beta};
   const uint32_t groups = static_cast<uint32_t>(std::min<uint64_t>((mn + 255) / 256, 65535));
-  ctx.dispatch(ctx.pipelines().get(kernels::gemm_split_k),
-               {{parts.slice(0, slices * mn * 4), gpu::Access::read},
-                {oc.binding, beta != 0.0f ? gpu::Access::read_write : gpu::Access::write}},
-               push, groups, 1, 1, op);
+  const gpu::Binding partial{parts.slice(0, slices * mn * 4), gpu::Access::read};
+  const gpu::Binding out{oc.binding, beta != 0.0f ? gpu::Access::read_write : gpu::Access::write};
+  if (copies.empty()) {
+    const ReducePush push{m, n, c.ld, static_cast<uint32_t>(oc.offset), slices, beta};
+    ctx.dispatch(ctx.pipelines().get(kernels::gemm_split_k), {partial, out}, push, groups, 1, 1, op);
+    return;
+  }
+  if (copies.size() > 2 || n % 2) throw std::logic_error("gemm_sum_slices: one or two fp16 copies, of an even N");
+  Operand od[2];
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const GemmF16Copy& d = copies[i];
+    if (d.offset % 2 || d.ld % 2 || d.width % 2 || d.width < n || d.ld < d.width)
+      throw std::logic_error("gemm_sum_slices: an fp16 copy needs even offset, ld and width >= N, ld >= width");
+    od[i] = bind(ctx, MatrixView{d.buffer, DType::f16, d.offset, d.ld}, d.offset, span_elements(m, d.width, d.ld, 1, 0));
+  }
+  const GemmF16Copy& d0 = copies[0];
+  const GemmF16Copy& d1 = copies.size() > 1 ? copies[1] : copies[0];
+  const Operand& o1 = copies.size() > 1 ? od[1] : od[0];
+  const ReduceF16Push push{m, n, c.ld, static_cast<uint32_t>(oc.offset), slices, beta,
+                           static_cast<uint32_t>(copies.size()), od[0].offset, d0.ld, d0.width, o1.offset, d1.ld,
+                           d1.width};
+  ctx.dispatch(ctx.pipelines().get(kernels::gemm_split_k_f16),
+               {partial, out, {od[0].binding, gpu::Access::write}, {o1.binding, gpu::Access::write}}, push, groups, 1,
+               1, op);
 }
 
 CoopTileSize gemm_coop_tile_size(const GemmShape& shape, uint32_t compute_units) {
@@ -487,7 +514,8 @@ std::string gemm_kernel_name(GemmKernel k) {
 namespace {
 
 void run_gemm(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const MatrixView& b, const MatrixView& c,
-              GemmKernel kernel, gpu::KhrFragment frag) {
+              GemmKernel kernel, gpu::KhrFragment frag, std::span<const GemmF16Copy> copies = {}) {
+  if (!copies.empty() && s.batch != 1) throw std::logic_error("gemm: fp16 copies of C are for single products");
   if (a.dtype != b.dtype && !(a.dtype == DType::f32 && b.dtype == DType::f16))
     throw std::logic_error("gemm: A and B must have the same dtype, or A fp32 and B fp16");
   if (c.dtype != DType::f32) throw std::logic_error("gemm: C must be fp32");
@@ -513,15 +541,17 @@ void run_gemm(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const 
   if (kernel == GemmKernel::khr_coopmat) frag = ctx.info().khr_fragment;
   const uint32_t slices = kernel == GemmKernel::nv_coopmat2 ? nv2_split_k_slices(s, ctx.info())
                                                             : std::min(gemm_split_k_slices(s), s.k);
-  if (slices > 1) return gemm_split_k(ctx, s, slices, a, b, c, kernel, frag);
+  if (slices > 1) return gemm_split_k(ctx, s, slices, a, b, c, kernel, frag, copies);
   dispatch_part(ctx, s, a, a.offset, b, b.offset, c, c.offset, kernel, frag);
+  for (const GemmF16Copy& d : copies)
+    to_f16_block(ctx, c.buffer, c.offset, c.ld, d.buffer, d.offset, d.ld, s.m, s.n, d.width);
 }
 
 }  // namespace
 
 void gemm(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const MatrixView& b, const MatrixView& c,
-          GemmKernel kernel) {
-  run_gemm(ctx, s, a, b, c, kernel, kNvFragment);
+          GemmKernel kernel, std::span<const GemmF16Copy> copies) {
+  run_gemm(ctx, s, a, b, c, kernel, kNvFragment, copies);
 }
 
 void gemm_emulated(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const MatrixView& b,

@@ -21,6 +21,7 @@
 // still falls back when the device lacks it); FORJA_NO_COOPMAT=1 is FORJA_GEMM_FAMILY=scalar.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "gpu/context.h"
@@ -81,11 +82,25 @@ std::string gemm_kernel_name(GemmKernel k);
 // handful of workgroups while most of a GPU idles.
 uint32_t gemm_split_k_slices(const GemmShape& shape);
 
+// An fp16 copy of a product's C, written with it (gemm's `copies`): rows [0, M) of an fp16 block
+// at half `offset` of `buffer`, row stride `ld` halves, holding fp16(C) (round to nearest even,
+// as to_f16_block) in columns [0, N) and zeros in [N, width). N, offset, ld and width even. For the
+// fp16 copies a folded LoRA product reads (model/transformer.cpp: dt beside dy and in dt16): a
+// split product's summing kernel writes them (kernels/gemm_split_k.comp), other products are
+// followed by to_f16_block.
+struct GemmF16Copy {
+  gpu::Buffer buffer;
+  uint64_t offset = 0;
+  uint32_t ld = 0, width = 0;
+};
+
 // C (=|+=) the sum of `slices` fp32 [M, N] matrices stored one after another from the start of
 // `parts` (kernels/gemm_split_k.comp: summed in slice order, deterministic; beta 0 never reads
 // C): split-K's second half, and any kernel's partial results summed the same way.
+// `copies` (at most two): fp16 copies of C written by the same dispatch (GemmF16Copy).
 void gemm_sum_slices(gpu::Context& ctx, const gpu::Buffer& parts, uint32_t slices, uint32_t m, uint32_t n,
-                     const MatrixView& c, float beta, const char* op = "gemm_split_k");
+                     const MatrixView& c, float beta, const char* op = "gemm_split_k",
+                     std::span<const GemmF16Copy> copies = {});
 
 // The output tile (rows x columns) of the cooperative-matrix kernel for this product on a device
 // with `compute_units` SMs / CUs (0 = unknown): the largest tile that gives enough workgroups,
@@ -95,8 +110,9 @@ struct CoopTileSize {
 };
 CoopTileSize gemm_coop_tile_size(const GemmShape& shape, uint32_t compute_units);
 
+// `copies` (at most two, single products only): fp16 copies of C made with it (GemmF16Copy).
 void gemm(gpu::Context& ctx, const GemmShape& shape, const MatrixView& a, const MatrixView& b, const MatrixView& c,
-          GemmKernel kernel = GemmKernel::automatic);
+          GemmKernel kernel = GemmKernel::automatic, std::span<const GemmF16Copy> copies = {});
 
 // The emulated cooperative-matrix kernel at a given fragment shape and subgroup size (8, 16 or
 // 32 per side; m*n a multiple of the subgroup size): runs the tiling and addressing that the KHR

@@ -426,6 +426,61 @@ TEST_F(GemmTest, SplitKAllTransposesAndKernels) {
         }
 }
 
+// fp16 copies of C made with the product (ops::GemmF16Copy): a split product's summing kernel
+// writes them (gemm_split_k_f16), another product is followed by to_f16_block. Each copy holds
+// C rounded to nearest even in its first N columns and zeros up to its width; everything else in
+// its buffer (the columns before the block, those past its width, the rows' tails) is untouched.
+// C itself is the one the product without copies writes, bit for bit.
+TEST_F(GemmTest, Fp16CopiesOfTheProduct) {
+  const uint32_t m = 37, n = 16, k = 600;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> a(uint64_t(m) * k), b(uint64_t(k) * n);
+  for (float& x : a) x = u(rng);
+  for (float& x : b) x = u(rng);
+  gpu::Buffer ga = ctx().alloc(a.size() * 4), gb = ctx().alloc(b.size() * 4), gc = ctx().alloc(uint64_t(m) * n * 4),
+              want_c = ctx().alloc(uint64_t(m) * n * 4);
+  ctx().upload(ga, a);
+  ctx().upload(gb, b);
+  // copy 0: beside 40 other columns, width 24 of a 70-half row; copy 1: at half 6 of 24-half rows
+  const uint32_t ld0 = 70, ld1 = 24;
+  const uint16_t mark = 0x7bff;  // 65504: not a value a copy writes here
+  gpu::Buffer d0 = ctx().alloc(uint64_t(m) * ld0 * 2), d1 = ctx().alloc(uint64_t(m) * ld1 * 2 + 16);
+  for (uint32_t slices : {1u, 6u})
+    for (size_t count : {size_t{1}, size_t{2}}) {
+      SCOPED_TRACE("slices " + std::to_string(slices) + ", copies " + std::to_string(count));
+      ops::GemmShape s{m, n, k};
+      s.split_k = slices;
+      ops::gemm(ctx(), s, {ga, DType::f32, 0, k}, {gb, DType::f32, 0, n}, {want_c, DType::f32, 0, n});
+      ctx().upload(d0, std::vector<uint16_t>(uint64_t(m) * ld0, mark));
+      ctx().upload(d1, std::vector<uint16_t>(uint64_t(m) * ld1 + 8, mark));
+      const ops::GemmF16Copy copies[] = {{d0, 40, ld0, 24}, {d1, 6, ld1, n}};
+      ops::gemm(ctx(), s, {ga, DType::f32, 0, k}, {gb, DType::f32, 0, n}, {gc, DType::f32, 0, n},
+                GemmKernel::automatic, std::span(copies, count));
+      const std::vector<float> c = ctx().download<float>(gc, uint64_t(m) * n);
+      EXPECT_EQ(c, ctx().download<float>(want_c, uint64_t(m) * n));
+      const std::vector<uint16_t> h0 = ctx().download<uint16_t>(d0, uint64_t(m) * ld0),
+                                  h1 = ctx().download<uint16_t>(d1, uint64_t(m) * ld1 + 8);
+      for (uint32_t r = 0; r < m; ++r) {
+        for (uint32_t j = 0; j < ld0; ++j) {
+          const uint16_t want = j < 40 || j >= 64 ? mark : j < 56 ? io::float_to_f16(c[r * n + j - 40]) : uint16_t{0};
+          ASSERT_EQ(h0[r * ld0 + j], want) << "copy 0, row " << r << " column " << j;
+        }
+        for (uint32_t j = 0; j < ld1; ++j) {
+          const uint16_t want = count < 2 || j < 6 || j >= 6 + n ? mark : io::float_to_f16(c[r * n + j - 6]);
+          ASSERT_EQ(h1[r * ld1 + j], want) << "copy 1, row " << r << " column " << j;
+        }
+      }
+    }
+  ops::GemmShape odd{m, 15, k};  // an odd N: the summing kernel stores pairs
+  odd.split_k = 6;
+  EXPECT_THROW(ops::gemm(ctx(), odd, {ga, DType::f32, 0, k}, {gb, DType::f32, 0, n},
+                         {gc, DType::f32, 0, n}, GemmKernel::automatic,
+                         std::vector<ops::GemmF16Copy>{{d0, 41, ld0, 24}}),
+               std::logic_error);
+  for (auto& x : {ga, gb, gc, want_c, d0, d1}) ctx().free(x);
+}
+
 TEST_F(GemmTest, SplitKOnlyForFewTilesWithLongK) {
   auto slices = [](uint32_t m, uint32_t n, uint32_t k, uint32_t batch = 1, uint32_t forced = 0) {
     ops::GemmShape s{m, n, k};
