@@ -16,6 +16,13 @@ namespace {
 
 ModelConfig parse(const std::string& text) { return parse_model_config(text, "config.json"); }
 
+// The bytes of the plan's part `name`, 0 when it has none.
+std::uint64_t part(const MemoryPlan& p, const std::string& name) {
+  for (const MemoryPart& m : p.parts)
+    if (m.name == name) return m.bytes;
+  return 0;
+}
+
 TEST(MemoryPlan, Nf4BytesMatchQuantisedTensors) {
   for (std::int64_t n : {1, 63, 64, 65, 64 * 256, 64 * 256 + 1, 100000}) {
     std::vector<float> w(static_cast<std::size_t>(n), 0.25f);
@@ -59,12 +66,6 @@ TEST(MemoryPlan, TrainingEstimateParts) {
   s.lora_rank = 16;
   MemoryPlan on = plan_training_memory(c, s);
   EXPECT_EQ(on.lora_parameters, lora_parameter_count(c, 16, s.targets));
-  auto part = [](const MemoryPlan& p, const std::string& name) {
-    for (auto& m : p.parts)
-      if (m.name == name) return m.bytes;
-    ADD_FAILURE() << "no part " << name;
-    return std::uint64_t{0};
-  };
   EXPECT_EQ(part(on, "LoRA parameters (fp32)"), 4u * on.lora_parameters);
   EXPECT_EQ(part(on, "AdamW moments (fp32)"), 8u * on.lora_parameters);
   EXPECT_EQ(part(on, "NF4 linear weights"), weight_bytes(c).linear_nf4_dq);
@@ -93,12 +94,6 @@ TEST(MemoryPlan, DenseAndFp32Weights) {
   ModelConfig c = parse(test::qwen3_8b());
   const WeightBytes w = weight_bytes(c);
   TrainingSettings s;
-  auto part = [](const MemoryPlan& p, const std::string& name) {
-    for (auto& m : p.parts)
-      if (m.name == name) return m.bytes;
-    ADD_FAILURE() << "no part " << name;
-    return std::uint64_t{0};
-  };
   const MemoryPlan sixteen = plan_training_memory(c, s);
   EXPECT_EQ(part(sixteen, "embedding (16-bit)"), 2u * 151936 * 4096);
   s.dense_weight_bytes = 4;
@@ -164,11 +159,7 @@ TEST(MemoryPlan, KeptAttentionOutputs) {
   s.batch = 1;
   s.seq_len = 2048;
   s.fused_attention_backward = true;
-  auto kept = [](const MemoryPlan& p) {
-    for (auto& m : p.parts)
-      if (m.name == "attention outputs kept") return m.bytes;
-    return std::uint64_t{0};
-  };
+  auto kept = [](const MemoryPlan& p) { return part(p, "attention outputs kept"); };
   ASSERT_TRUE(keeps_attention_outputs(c, s));
   const MemoryPlan with = plan_training_memory(c, s);
   EXPECT_EQ(kept(with), 36u * 2048 * ((4096 + 64) * 2 + 32 * 4));  // 594 MiB
@@ -215,11 +206,7 @@ TEST(MemoryPlan, KeptLoraInputs) {
   TrainingSettings s;
   s.batch = 1;
   s.seq_len = 2048;
-  auto kept = [](const MemoryPlan& p) {
-    for (auto& m : p.parts)
-      if (m.name == "LoRA inputs kept") return m.bytes;
-    return std::uint64_t{0};
-  };
+  auto kept = [](const MemoryPlan& p) { return part(p, "LoRA inputs kept"); };
   ASSERT_TRUE(keeps_lora_inputs(c, s));
   const MemoryPlan with = plan_training_memory(c, s);
   EXPECT_EQ(kept(with), 36u * 2048 * (7 * 16) * 4);  // 31.5 MiB
