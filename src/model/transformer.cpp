@@ -646,7 +646,7 @@ class Transformer::ForwardSteps : public BlockSteps {
   // recompute: the checkpointing recomputation inside the backward (which skips attention's
   // forward where its outputs are kept).
   ForwardSteps(Transformer& engine, size_t layer, LayerActs& acts, bool recompute)
-      : e_(engine), layer_(layer), a_(acts), t_(engine.lora_inputs(layer, acts)), recompute_(recompute),
+      : e_(engine), layer_(layer), t_(engine.lora_inputs(layer, acts)), recompute_(recompute),
         t_kept_(recompute && engine.keeps_lora_inputs()) {}
 
   void linear(LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y, bool accumulate) override {
@@ -755,7 +755,6 @@ class Transformer::ForwardSteps : public BlockSteps {
  private:
   Transformer& e_;
   size_t layer_;
-  LayerActs& a_;
   const gpu::Buffer& t_;  // the layer's LoRA inputs t (Transformer::lora_inputs)
   bool recompute_ = false;
   bool t_kept_ = false;   // the recomputation of a layer whose t the forward kept: no x A^T products
