@@ -327,6 +327,16 @@ void dispatch_part(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, u
                flops);
 }
 
+// GemmF16Copy's contract, for both ways of writing the copies (the summing kernel's pairs of
+// halves, to_f16_block's): at most two, N and every copy's offset, ld and width even, N <= width <= ld.
+void check_f16_copies(std::span<const GemmF16Copy> copies, uint32_t n) {
+  if (copies.empty()) return;
+  if (copies.size() > 2 || n % 2) throw std::logic_error("gemm: one or two fp16 copies of C, of an even N");
+  for (const GemmF16Copy& d : copies)
+    if (d.offset % 2 || d.ld % 2 || d.width % 2 || d.width < n || d.ld < d.width)
+      throw std::logic_error("gemm: an fp16 copy of C needs even offset, ld and width, N <= width <= ld");
+}
+
 // Splits K into `slices` (s.split_k > 1 already resolved): the partial products go to a
 // scratch [slices, M, N] as one strided batch (plus one product for a shorter last slice),
 // then gemm_split_k sums them into C with beta.
@@ -384,12 +394,10 @@ void gemm_sum_slices(gpu::Context& ctx, const gpu::Buffer& parts, uint32_t slice
     ctx.dispatch(ctx.pipelines().get(kernels::gemm_split_k), {partial, out}, push, groups, 1, 1, op);
     return;
   }
-  if (copies.size() > 2 || n % 2) throw std::logic_error("gemm_sum_slices: one or two fp16 copies, of an even N");
+  check_f16_copies(copies, n);
   Operand od[2];
   for (size_t i = 0; i < copies.size(); ++i) {
     const GemmF16Copy& d = copies[i];
-    if (d.offset % 2 || d.ld % 2 || d.width % 2 || d.width < n || d.ld < d.width)
-      throw std::logic_error("gemm_sum_slices: an fp16 copy needs even offset, ld and width >= N, ld >= width");
     od[i] = bind(ctx, MatrixView{d.buffer, DType::f16, d.offset, d.ld}, d.offset, span_elements(m, d.width, d.ld, 1, 0));
   }
   const GemmF16Copy& d0 = copies[0];
@@ -516,6 +524,7 @@ namespace {
 void run_gemm(gpu::Context& ctx, const GemmShape& s, const MatrixView& a, const MatrixView& b, const MatrixView& c,
               GemmKernel kernel, gpu::KhrFragment frag, std::span<const GemmF16Copy> copies = {}) {
   if (!copies.empty() && s.batch != 1) throw std::logic_error("gemm: fp16 copies of C are for single products");
+  check_f16_copies(copies, s.n);
   if (a.dtype != b.dtype && !(a.dtype == DType::f32 && b.dtype == DType::f16))
     throw std::logic_error("gemm: A and B must have the same dtype, or A fp32 and B fp16");
   if (c.dtype != DType::f32) throw std::logic_error("gemm: C must be fp32");
