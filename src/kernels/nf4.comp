@@ -14,9 +14,9 @@
 // dispatch) row r of W goes to dst elements [r * ld, r * ld + cols): room beside each row for
 // the LoRA factor the product takes with it (ops::nf4_dequantize). That factor can come in the
 // same dispatch (ops::Nf4Beside, fp16 strided only): after the weight's words, invocations write
-// a block of ext_rows x ext_width halves at ext_at (row stride ld), fp16(scale * src[r][c]) for
-// r < ext_valid_rows, c < ext_cols, 0 elsewhere: what ops::to_f16_block would write, one
-// dispatch fewer per product.
+// a block of ext_rows x ext_width halves at ext_at (row stride ld), fp16(scale * src[r][c -
+// ext_lead]) for r < ext_valid_rows, ext_lead <= c < ext_lead + ext_cols, 0 elsewhere: what
+// ops::to_f16_block would write, one dispatch fewer per product.
 //! variant nf4
 //! variant nf4_f16 -DOUT_F16
 #extension GL_EXT_control_flow_attributes : require
@@ -35,6 +35,7 @@ layout(push_constant) uniform Nf4Push {
   uint ext_rows, ext_width, ext_at;  // the block beside W (halves; ext_rows 0: none)
   uint ext_src_off, ext_src_ld, ext_valid_rows, ext_cols;
   float ext_scale;
+  uint ext_lead;  // the block's column of its source's first column
 } pc;
 float nf4_offset() { return pc.absmax_offset; }
 
@@ -81,9 +82,10 @@ void beside_chunk(uint x) {
   if (x >= pc.ext_rows * per_row) return;
   const uint r = x / per_row, c0 = (x % per_row) * 8u;
   float e[8];
-  [[unroll]] for (uint i = 0; i < 8u; ++i)
-    e[i] = r < pc.ext_valid_rows && c0 + i < pc.ext_cols
-               ? pc.ext_scale * ext_src[pc.ext_src_off + r * pc.ext_src_ld + c0 + i] : 0.0;
+  [[unroll]] for (uint i = 0; i < 8u; ++i) {
+    const uint c = c0 + i - pc.ext_lead;  // the source's column (wraps past every column before lead)
+    e[i] = r < pc.ext_valid_rows && c < pc.ext_cols ? pc.ext_scale * ext_src[pc.ext_src_off + r * pc.ext_src_ld + c] : 0.0;
+  }
   dst[(pc.ext_at + r * pc.ld + c0) >> 3] = to_f16x8(e);
 }
 #endif

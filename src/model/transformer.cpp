@@ -58,6 +58,10 @@ Attention resolve_attention(const gpu::Context& ctx, const TransformerOptions& o
   return Attention::gemm;
 }
 
+// The projections that read one input, in projection order.
+constexpr LinearKind kAttentionInputReaders[] = {LinearKind::Q, LinearKind::K, LinearKind::V};
+constexpr LinearKind kMlpInputReaders[] = {LinearKind::Gate, LinearKind::Up};
+constexpr LinearKind kDown[] = {LinearKind::Down};
 }  // namespace
 
 uint64_t TokenBatch::target_count() const {
@@ -135,6 +139,21 @@ Transformer::Transformer(gpu::Context& ctx, const BaseWeights& base, LoraSet& lo
   // 64-deep K tiles, the largest the GEMM kernels take, so no product needs an edge tile for it.
   if (lora_f16_ && dequantize && input_copies) lora_pad_ = lora_fold_pad(lora.settings().rank);
   const uint64_t P = lora_pad_;
+  for (std::span<const LinearKind> group : {std::span<const LinearKind>(kAttentionInputReaders), std::span<const LinearKind>(kMlpInputReaders)}) {
+    // The adapted kinds of the group, at their columns' distance from the first one (adapted kinds
+    // have consecutive column blocks in projection order).
+    std::array<uint32_t, 7> at{};
+    int64_t first = -1;
+    bool fits = true;
+    for (LinearKind k : group) {
+      if (!lora_.find(0, k)) continue;
+      if (first < 0) first = lora_column_[static_cast<int>(k)];
+      at[static_cast<int>(k)] = lora_column_[static_cast<int>(k)] - static_cast<uint32_t>(first);
+      fits = fits && at[static_cast<int>(k)] + uint64_t(lora.settings().rank) <= P;
+    }
+    if (fits)
+      for (LinearKind k : group) fold_column_[static_cast<int>(k)] = at[static_cast<int>(k)];
+  }
   if (dequantize) {
     // A slot per projection kind, for its largest layer: W with room for the LoRA factors beside
     // and below it (DequantSlot).
@@ -268,13 +287,16 @@ MatrixView Transformer::dequantised(size_t layer, LinearKind kind, const BaseLin
   // Each slot is reused by its kind's products in every layer; the context orders these writes
   // after the previous product's reads (the bindings' access flags).
   if (fold == FoldSide::forward) {
-    // [W | scale B]: W and scale B beside it in one dispatch, or scale B alone
+    // [W | scale B]: W and scale B beside it in one dispatch, or scale B alone; scale B at the
+    // kind's fold column, zeros in the rest of the fold's columns
+    const uint32_t lead = fold_column_[static_cast<int>(kind)];
     if (!have_w) {
-      const ops::Nf4Beside scaled_b{lora_.params(), s->b_offset, s->rank, lin.in, lin.out, P, lin.out, s->rank, lora_.scale()};
+      const ops::Nf4Beside scaled_b{lora_.params(), s->b_offset, s->rank, lin.in,       lin.out,
+                                    P,              lin.out,     s->rank, lora_.scale(), lead};
       ops::nf4_dequantize(ctx_, *lin.nf4, slot.buffer, DType::f16, ld, &scaled_b);
     } else if (slot.scaled_b_layer != l || slot.scaled_b_run != run_count_) {
       ops::to_f16_block(ctx_, lora_.params(), s->b_offset, s->rank, slot.buffer, lin.in, ld, lin.out, s->rank, P,
-                        lora_.scale());
+                        lora_.scale(), nullptr, lead);
     }
     slot.scaled_b_layer = l, slot.scaled_b_run = run_count_;
   } else if (fold == FoldSide::backward) {
@@ -437,7 +459,7 @@ void Transformer::lora_group_backward(size_t layer, LinearKind first, uint32_t n
 
 void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
                                  const gpu::Buffer& lora_t, bool accumulate, bool lora_t_ready, bool input16_ready,
-                                 bool x_f16) {
+                                 bool x_f16, uint32_t pad_t) {
   const BaseLinear& lin = base_.layers[layer].linears[static_cast<int>(kind)];
   const uint32_t T = tokens_;
   const float beta = accumulate ? 1.0f : 0.0f;
@@ -453,7 +475,11 @@ void Transformer::linear_forward(size_t layer, LinearKind kind, const gpu::Buffe
     if (!lora_t_ready && !dropout_on_)
       ops::gemm(ctx_, lora_product({T, r, lin.in, false, true}, "lora_xa"), xin, lora_weight(slot->a_offset, lin.in),
                 lora_view(lora_t, kind), options_.base_kernel);
-    ops::to_f16_block(ctx_, lora_t, lora_column_[static_cast<int>(kind)], lora_width_, xin.buffer, lin.in, K, T, r, P);
+    // t (and a group's later members' t, side by side) into the fold columns beside x, zeros
+    // elsewhere; each slot holds zeros where the others' scale B would be
+    if (pad_t > 0)
+      ops::to_f16_block(ctx_, lora_t, lora_column_[static_cast<int>(kind)], lora_width_, xin.buffer, lin.in, K, T,
+                        pad_t * r, P, 1.0f, nullptr, fold_column_[static_cast<int>(kind)]);
     ops::gemm(ctx_, GemmShape{T, lin.out, K, false, true, 1.0f, beta}, xin,
               dequantised(layer, kind, lin, FoldSide::forward, slot), MatrixView{y, DType::f32, 0, lin.out},
               options_.base_kernel);
@@ -556,6 +582,16 @@ void Transformer::linear_backward_folded(const BaseLinear& lin, const LoraSlot& 
             options_.base_kernel);
 }
 
+bool Transformer::fold_side_by_side(LinearKind first, uint32_t n) const {
+  const uint32_t r = static_cast<uint32_t>(lora_.settings().rank), f = static_cast<uint32_t>(first);
+  if (n < 2 || f + n > fold_column_.size() || uint64_t(fold_column_[f]) + uint64_t(n) * r > lora_pad_) return false;
+  for (uint32_t i = 1; i < n; ++i)
+    if (fold_column_[f + i] != fold_column_[f] + i * r ||
+        lora_column_[f + i] != lora_column_[f] + i * r)
+      return false;
+  return true;
+}
+
 MatrixView Transformer::f16_copy(const gpu::Buffer& x, uint32_t cols) const {
   return MatrixView{x, DType::f16, 0, cols + lora_pad_};
 }
@@ -567,11 +603,6 @@ bool Transformer::all_fold(size_t layer, std::span<const LinearKind> kinds) cons
   return true;
 }
 
-namespace {
-constexpr LinearKind kAttentionInputReaders[] = {LinearKind::Q, LinearKind::K, LinearKind::V};
-constexpr LinearKind kMlpInputReaders[] = {LinearKind::Gate, LinearKind::Up};
-constexpr LinearKind kDown[] = {LinearKind::Down};
-}  // namespace
 
 // The fp32 [T, cols] buffers (act, h1, h2, dg, du) hold the fp16 [T, cols + lora_pad_] copy when
 // cols >= lora_pad_ (2 cols halves a row >= cols + lora_pad_).
@@ -666,6 +697,7 @@ class Transformer::ForwardSteps : public BlockSteps {
       return;
     }
     bool t_ready = false, input16_ready = false;
+    uint32_t pad_t = 1;  // linear_forward's: this projection copies its own t beside x
     // x is already the fp16 copy: down's input (down_f16) or a norm's output (norm_f16); o_proj's
     // input, the attention output, is fp32.
     const bool x_f16 = kind == K::Down ? e_.down_f16(layer_)
@@ -674,16 +706,25 @@ class Transformer::ForwardSteps : public BlockSteps {
     if (kind == K::Q || kind == K::Gate) {
       first_ = kind;
       group_ = kind == K::Q ? e_.lora_group(layer_, {K::Q, K::K, K::V}) : e_.lora_group(layer_, {K::Gate, K::Up});
+      side_by_side_ = group_ > 0 && e_.all_fold(layer_, {&kind, 1}) && e_.fold_side_by_side(kind, group_);
+      // The group's products then run together: their weights are dequantised now, beside the
+      // LoRA input product, instead of each beside the product before it (a write between two of
+      // the group's products would hold the second back until the first is done).
+      if (side_by_side_)
+        for (uint32_t i = 1; i < group_; ++i)
+          e_.prefetch_weight(layer_, static_cast<K>(static_cast<int>(kind) + static_cast<int>(i)), false);
       // (a kept t: no product for the group; the first base product makes x's fp16 copy)
       group16_ = group_ && !t_kept_ && e_.lora_group_forward(layer_, kind, group_, x, t_, x_f16);
       t_ready = group_ > 0;
       input16_ready = group16_;
+      if (side_by_side_) pad_t = group_;
     } else if (kind == K::K || kind == K::V || kind == K::Up) {
       const uint32_t index = static_cast<uint32_t>(kind) - static_cast<uint32_t>(first_);  // in its group
       t_ready = group_ > index;
       input16_ready = true;  // the group's first base product made the copy
+      if (side_by_side_ && group_ > index) pad_t = 0;  // the first one's copy put this t there
     }
-    e_.linear_forward(layer_, kind, x, y, t_, accumulate, t_ready || t_kept_, input16_ready, x_f16);
+    e_.linear_forward(layer_, kind, x, y, t_, accumulate, t_ready || t_kept_, input16_ready, x_f16, pad_t);
     // The next projection's weight, dequantised while this product runs (the recomputation's
     // down_proj too: its backward then finds W in the slot).
     if (kind != K::Down) e_.prefetch_weight(layer_, static_cast<K>(static_cast<int>(kind) + 1), false);
@@ -761,6 +802,7 @@ class Transformer::ForwardSteps : public BlockSteps {
   LinearKind first_ = LinearKind::Q;  // the first projection of the current input group
   uint32_t group_ = 0;                // its lora_group
   bool group16_ = false;              // lora_group_forward left the input's fp16 copy
+  bool side_by_side_ = false;         // the group's t share one copy beside x (fold_side_by_side)
 };
 
 void Transformer::layer_forward(size_t i, const gpu::Buffer& x_in, LayerActs& a, const gpu::Buffer* x_out) {

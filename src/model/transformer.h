@@ -183,9 +183,17 @@ class Transformer {
   // lora_t_ready, lora_group_forward already wrote this projection's block; with input16_ready
   // the previous base product read the same x (q, k, v; gate, up), whose fp16 copy is reused.
   // x_f16: x already holds the fp16 [T, in + lora_pad_] copy the folded path reads (down_f16).
+  // pad_t (folded): how many projections' t, from this one, this product copies into the fold
+  // columns beside x (each at its fold_column_): 1 its own; n > 1 a group side by side
+  // (fold_side_by_side), whose later members pass 0 and find theirs there.
   void linear_forward(size_t layer, LinearKind kind, const gpu::Buffer& x, const gpu::Buffer& y,
                       const gpu::Buffer& lora_t, bool accumulate, bool lora_t_ready = false,
-                      bool input16_ready = false, bool x_f16 = false);
+                      bool input16_ready = false, bool x_f16 = false, uint32_t pad_t = 1);
+  // Whether the n projections from `first` (a lora_group) have their factors side by side in the
+  // fold columns: one copy of their t serves every product of the group, and nothing is written
+  // between those products, so they run together (q, k and v: 512 + 128 + 128 output tiles at
+  // 1x2048 on Qwen3-4B, where each alone leaves the multiprocessors partly idle).
+  bool fold_side_by_side(LinearKind first, uint32_t n) const;
   // linear_backward where lora_folds: dB, dt, dx = [dy | dt] [W ; A], dA (unless grouped).
   void linear_backward_folded(const BaseLinear& lin, const LoraSlot& s, const gpu::Buffer& x, const gpu::Buffer& dy,
                               const gpu::Buffer& dx, float beta, bool grouped, bool dy_f16, bool x_f16);
@@ -258,6 +266,10 @@ class Transformer {
   gpu::Buffer input16_source_;  // what input16_ holds a copy of (base_input), and its width
   uint32_t input16_cols_ = 0, input16_ld_ = 0;
   uint32_t lora_pad_ = 0;  // K columns a folded product gives its LoRA factor (rank rounded up); 0: none fold
+  // Each kind's first column in those lora_pad_ columns, for its t beside x and its scale B beside
+  // W: the projections reading one input (q, k, v; gate, up) side by side where their ranks fit in
+  // lora_pad_ (the columns of the others' factors hold zeros in each one's slot), else all at 0.
+  std::array<uint32_t, 7> fold_column_{};
   gpu::Buffer nf4_scratch_;  // fp16 dequantised weights (TransformerOptions::Nf4Products::dequantized)
   // A projection kind's slot in nf4_scratch_ (model::dequantised_slot_bytes), and what it holds.
   // The base is frozen, so W stays valid across runs; the LoRA blocks change with the optimizer

@@ -178,12 +178,13 @@ void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint6
 
 void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first, uint32_t src_ld,
                   const gpu::Buffer& dst, uint64_t dst_first, uint32_t dst_ld, uint32_t rows, uint32_t cols,
-                  uint32_t width, float scale, const Fp16RangeFlag* flag) {
+                  uint32_t width, float scale, const Fp16RangeFlag* flag, uint32_t lead) {
   if (rows == 0 || width == 0) return;
   if (flag && flag->flags.size < (uint64_t(flag->index) + 1) * 4)
     throw std::logic_error("to_f16_block: flag outside its buffer");
-  if (cols > width || dst_first % 2 || dst_ld % 2 || width % 2 || width > dst_ld || (cols > 0 && cols > src_ld))
-    throw std::logic_error("to_f16_block: bad block shape (even dst offset, row stride and width; cols <= width)");
+  if (uint64_t(lead) + cols > width || dst_first % 2 || dst_ld % 2 || width % 2 || width > dst_ld ||
+      (cols > 0 && cols > src_ld))
+    throw std::logic_error("to_f16_block: bad block shape (even dst offset, row stride and width; lead + cols <= width)");
   const uint64_t src_span = cols > 0 ? uint64_t(rows - 1) * src_ld + cols : 0;
   const uint64_t dst_span = uint64_t(rows - 1) * dst_ld + width;
   if ((src_first + src_span) * 4 > src.size || (dst_first + dst_span) * 2 > dst.size)
@@ -191,13 +192,13 @@ void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first,
   struct Push {
     uint32_t rows, cols, width, src_ld, src_off, dst_ld, dst_off;
     float scale;
-    uint32_t flag, lanes;
+    uint32_t flag, lanes, lead;
   };
   static_assert(kernels::push_block_matches<Push>(kernels::to_f16_block, kernels::to_f16_block_checked));
   // Four halves per invocation where every chunk of 4 is aligned in both matrices (window() starts
   // bindings at 16-byte multiples, so the element offsets inside them keep these residues).
   const bool vec4 = src_first % 4 == 0 && src_ld % 4 == 0 && dst_first % 4 == 0 && dst_ld % 4 == 0 &&
-                    cols % 4 == 0 && width % 4 == 0;
+                    lead % 4 == 0 && cols % 4 == 0 && width % 4 == 0;
   const uint32_t vec = vec4 ? 4 : 2;
   const auto& p = ctx.pipelines().get(flag ? kernels::to_f16_block_checked : kernels::to_f16_block, {vec});
   // Rows per dispatch: both windows within the binding limit (and 32-bit indices).
@@ -220,7 +221,7 @@ void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first,
     std::vector<gpu::Binding> bindings = {{ws.view, gpu::Access::read}, {wd.view, gpu::Access::write}};
     if (flag) bindings.push_back({flag->flags, gpu::Access::read_write});
     ctx.dispatch(p, bindings,
-                 Push{n, cols, width, src_ld, ws.first, dst_ld, wd.first, scale, flag ? flag->index : 0u, lanes},
+                 Push{n, cols, width, src_ld, ws.first, dst_ld, wd.first, scale, flag ? flag->index : 0u, lanes, lead},
                  groups_x, (n + rows_per_group - 1) / rows_per_group, 1, "to_f16_block");
   }
 }

@@ -45,14 +45,14 @@ void to_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer& y, uint6
             const Fp16RangeFlag* flag = nullptr);
 
 // A block of rows x width fp16 values in dst (row stride dst_ld halves, from half dst_first) =
-// scale * src rounded to fp16 (round to nearest even) in its first cols columns and 0 in the rest:
-// src fp32 [rows, cols] with row stride src_ld from element src_first. For operands assembled
-// side by side (kernels/to_f16_block.comp). dst_first, dst_ld and width must be even, cols <=
-// width; with cols = 0 src is not read (a block of zeros). Rows are split into dispatches within
-// the binding limit.
+// scale * src rounded to fp16 (round to nearest even) in its columns [lead, lead + cols) and 0 in
+// the rest: src fp32 [rows, cols] with row stride src_ld from element src_first. For operands
+// assembled side by side (kernels/to_f16_block.comp). dst_first, dst_ld and width must be even,
+// lead + cols <= width; with cols = 0 src is not read (a block of zeros). Rows are split into
+// dispatches within the binding limit.
 void to_f16_block(gpu::Context& ctx, const gpu::Buffer& src, uint64_t src_first, uint32_t src_ld,
                   const gpu::Buffer& dst, uint64_t dst_first, uint32_t dst_ld, uint32_t rows, uint32_t cols,
-                  uint32_t width, float scale = 1.0f, const Fp16RangeFlag* flag = nullptr);
+                  uint32_t width, float scale = 1.0f, const Fp16RangeFlag* flag = nullptr, uint32_t lead = 0);
 
 // y[r, :] += bias for y fp32 [rows, cols], bias fp32 [cols].
 void add_row_bias(gpu::Context& ctx, const gpu::Buffer& bias, const gpu::Buffer& y, uint32_t rows, uint32_t cols);

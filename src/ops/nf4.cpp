@@ -26,6 +26,7 @@ struct DequantPush {
   uint32_t ext_rows, ext_width, ext_at;
   uint32_t ext_src_off, ext_src_ld, ext_valid_rows, ext_cols;
   float ext_scale;
+  uint32_t ext_lead;
 };
 
 // Must match Nf4GemmPush in kernels/nf4_gemm.comp and nf4_gemm_coopmat.comp.
@@ -219,7 +220,8 @@ void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& ou
     throw std::logic_error("nf4_dequantize: fp16 output needs rows x cols to be a multiple of 8");
   if (beside) {
     if (out_dtype != DType::f16 || out_ld == w.cols || !beside->src.valid() || beside->width % 8 || beside->dst_first % 8 ||
-        beside->cols > beside->width || (beside->valid_rows > 1 && beside->cols > beside->src_ld))
+        uint64_t(beside->lead) + beside->cols > beside->width ||
+        (beside->valid_rows > 1 && beside->cols > beside->src_ld))
       throw std::logic_error("nf4_dequantize: a block beside W needs fp16 with a row stride, width and start multiples of 8");
     if (beside->rows > 0) span = std::max<uint64_t>(span, beside->dst_first + uint64_t(beside->rows - 1) * out_ld + beside->width);
   }
@@ -258,6 +260,7 @@ void nf4_dequantize(gpu::Context& ctx, const Nf4Weight& w, const gpu::Buffer& ou
       push.ext_at = static_cast<uint32_t>(beside->dst_first);
       push.ext_src_off = ext.offset, push.ext_src_ld = beside->src_ld;
       push.ext_valid_rows = beside->valid_rows, push.ext_cols = beside->cols, push.ext_scale = beside->scale;
+      push.ext_lead = beside->lead;
     }
     ctx.dispatch(p, bindings, push, gx, gy, 1, "nf4_dequantize");
   }

@@ -43,8 +43,8 @@ void free_nf4(gpu::Context& ctx, Nf4Weight& w);
 // A block written beside the weight by the same dispatch (fp16 with a row stride only): rows x
 // width halves from half dst_first of the output (at its row stride), = fp16(scale * src) (round
 // to nearest even) for the first valid_rows rows and cols columns of src (fp32, row stride src_ld,
-// from element src_first), 0 elsewhere: ops::to_f16_block's block, for the LoRA factor a folded
-// product takes beside W (width and dst_first multiples of 8).
+// from element src_first) placed from the block's column lead, 0 elsewhere: ops::to_f16_block's
+// block, for the LoRA factor a folded product takes beside W (width and dst_first multiples of 8).
 struct Nf4Beside {
   gpu::Buffer src;
   uint64_t src_first = 0;
@@ -52,6 +52,7 @@ struct Nf4Beside {
   uint64_t dst_first = 0;
   uint32_t rows = 0, width = 0, valid_rows = 0, cols = 0;
   float scale = 1.0f;
+  uint32_t lead = 0;
 };
 
 // out [rows, cols] = dequant(W): fp32 bit-identical to quant::nf4_dequantize (tests, merges), or

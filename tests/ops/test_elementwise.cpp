@@ -75,13 +75,15 @@ TEST_F(ElementwiseTest, ToF16IsTheCpuRounding) {
   }
 }
 
-// A block of a strided fp32 matrix, scaled and rounded into a block of a strided fp16 one, zero
-// padded to its width; everything outside the block untouched. Bit-exact against the CPU
-// rounding of the fp32 product scale * x (the kernel multiplies in fp32 too).
+// A block of a strided fp32 matrix, scaled and rounded into a block of a strided fp16 one at its
+// lead column, zeros before and after it up to its width; everything outside the block untouched.
+// Bit-exact against the CPU rounding of the fp32 product scale * x (the kernel multiplies in fp32
+// too).
 TEST_F(ElementwiseTest, ToF16BlockWritesItsBlockOnly) {
   struct Case {
     uint32_t rows, cols, width, src_ld, src_first, dst_ld, dst_first;
     float scale;
+    uint32_t lead = 0;
   };
   const Case cases[] = {{5, 3, 8, 7, 2, 12, 4, 1.0f},   {1, 16, 16, 16, 0, 16, 0, 2.0f},
                         {33, 16, 64, 48, 16, 130, 66, -0.5f}, {7, 0, 6, 5, 0, 10, 2, 1.0f},
@@ -90,9 +92,14 @@ TEST_F(ElementwiseTest, ToF16BlockWritesItsBlockOnly) {
                         // narrow blocks, several rows to a workgroup (the last one partly idle)
                         {1001, 16, 64, 16, 0, 80, 16, 0.5f}, {517, 5, 6, 7, 3, 10, 2, 1.0f},
                         {70, 0, 64, 4, 0, 64, 0, 1.0f},      {129, 300, 600, 301, 1, 602, 2, 1.0f},
-                        {257, 2, 2, 2, 0, 2, 0, 2.0f}};
+                        {257, 2, 2, 2, 0, 2, 0, 2.0f},
+                        // a factor among others' columns (the folded products' pads): four halves
+                        // per invocation, two, an odd lead, a lead past the source's start
+                        {65, 16, 64, 48, 16, 2624, 2560, 1.0f, 16}, {31, 16, 64, 48, 32, 130, 66, 2.0f, 32},
+                        {9, 5, 12, 7, 3, 16, 2, 1.0f, 3},         {40, 16, 48, 16, 0, 64, 16, -1.0f, 32}};
   for (const Case& c : cases) {
-    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " -> width " + std::to_string(c.width));
+    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.cols) + " -> width " + std::to_string(c.width) +
+                 " at " + std::to_string(c.lead));
     const size_t src_n = size_t(c.src_first) + size_t(c.rows) * c.src_ld + 4;
     const auto x = random(src_n);
     auto gx = upload(x);
@@ -101,7 +108,8 @@ TEST_F(ElementwiseTest, ToF16BlockWritesItsBlockOnly) {
     std::vector<uint16_t> init(dst_n, sentinel);
     gpu::Buffer gy = ctx().alloc(dst_n * 2);
     ctx().upload(gy, init);
-    ops::to_f16_block(ctx(), gx, c.src_first, c.src_ld, gy, c.dst_first, c.dst_ld, c.rows, c.cols, c.width, c.scale);
+    ops::to_f16_block(ctx(), gx, c.src_first, c.src_ld, gy, c.dst_first, c.dst_ld, c.rows, c.cols, c.width, c.scale,
+                      nullptr, c.lead);
     const auto got = ctx().download<uint16_t>(gy, dst_n);
     size_t bad = 0;
     for (size_t e = 0; e < dst_n; ++e) {
@@ -109,7 +117,9 @@ TEST_F(ElementwiseTest, ToF16BlockWritesItsBlockOnly) {
       if (e >= c.dst_first) {
         const size_t r = (e - c.dst_first) / c.dst_ld, col = (e - c.dst_first) % c.dst_ld;
         if (r < c.rows && col < c.width)
-          want = col < c.cols ? io::float_to_f16(c.scale * x[c.src_first + r * c.src_ld + col]) : uint16_t(0);
+          want = col >= c.lead && col < c.lead + c.cols
+                     ? io::float_to_f16(c.scale * x[c.src_first + r * c.src_ld + col - c.lead])
+                     : uint16_t(0);
       }
       if (got[e] != want && bad++ < 5) ADD_FAILURE() << "half " << e << ": " << got[e] << ", want " << want;
     }
@@ -119,6 +129,7 @@ TEST_F(ElementwiseTest, ToF16BlockWritesItsBlockOnly) {
   gpu::Buffer g = ctx().alloc(1024);
   EXPECT_THROW(ops::to_f16_block(ctx(), g, 0, 4, g, 1, 8, 2, 4, 4), std::logic_error);  // odd offset
   EXPECT_THROW(ops::to_f16_block(ctx(), g, 0, 4, g, 0, 8, 2, 6, 4), std::logic_error);  // cols > width
+  EXPECT_THROW(ops::to_f16_block(ctx(), g, 0, 4, g, 0, 8, 2, 2, 4, 1.0f, nullptr, 3), std::logic_error);  // past width
   EXPECT_THROW(ops::to_f16_block(ctx(), g, 0, 4, g, 0, 8, 200, 4, 4), std::logic_error);  // past the end
   ctx().free(g);
 }

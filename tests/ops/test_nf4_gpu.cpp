@@ -271,21 +271,24 @@ TEST_F(Nf4GpuTest, DequantizeToF16WithARowStrideLeavesTheGapsAlone) {
 }
 
 // The LoRA factor written beside W by the same dispatch (ops::Nf4Beside): scale * B in the
-// columns right of each row (the forward's [W | s B]) and A's rows below W with zero rows up to
-// the fold (the backward's [W ; A]), from a source at an offset with its own row stride; what the
-// block does not cover keeps its old values.
+// columns right of each row (the forward's [W | s B], at a lead column among other factors'
+// columns) and A's rows below W with zero rows up to the fold (the backward's [W ; A]), from a
+// source at an offset with its own row stride; what the block does not cover keeps its old values.
 TEST_F(Nf4GpuTest, DequantizeToF16WritesTheBlockBesideW) {
   struct Case {
     uint32_t rows, cols, ld;  // W and the output's row stride
     bool below;               // A's rows below W, else B's columns beside it
     uint32_t r;               // the factor's rank (valid rows or columns)
+    uint32_t lead = 0;        // B's first column in the block beside W
   };
   const Case cases[] = {{96, 72, 136, false, 5}, {40, 264, 272, true, 3}, {17, 8, 24, false, 16}, {24, 16, 24, true, 8},
-                       {40, 256, 320, false, 16}, {24, 128, 136, true, 8}};
+                       {40, 256, 320, false, 16}, {24, 128, 136, true, 8}, {40, 256, 320, false, 16, 16},
+                       {96, 72, 136, false, 5, 35}};
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-2.0f, 2.0f);
   for (const Case& k : cases) {
-    SCOPED_TRACE(std::to_string(k.rows) + "x" + std::to_string(k.cols) + (k.below ? " A below" : " B beside"));
+    SCOPED_TRACE(std::to_string(k.rows) + "x" + std::to_string(k.cols) + (k.below ? " A below" : " B beside") + " at " +
+                 std::to_string(k.lead));
     const quant::Nf4Tensor t = quant::nf4_quantize(random_weight(k.rows, k.cols, 9), {k.rows, k.cols}, {true, 0});
     const std::vector<float> w = quant::nf4_dequantize(t);
     const uint32_t fold = k.below ? 8 : k.ld - k.cols;  // zero-padded rows / columns up to this
@@ -296,7 +299,7 @@ TEST_F(Nf4GpuTest, DequantizeToF16WritesTheBlockBesideW) {
     ops::Nf4Beside beside;
     beside.src = ctx().alloc(src.size() * 4);
     ctx().upload(beside.src, src);
-    beside.src_first = src_first, beside.src_ld = src_ld, beside.scale = k.below ? 1.0f : 0.75f;
+    beside.src_first = src_first, beside.src_ld = src_ld, beside.scale = k.below ? 1.0f : 0.75f, beside.lead = k.lead;
     if (k.below) {
       beside.dst_first = uint64_t(k.rows) * k.ld, beside.rows = fold, beside.width = k.cols;
       beside.valid_rows = k.r, beside.cols = k.cols;
@@ -319,9 +322,10 @@ TEST_F(Nf4GpuTest, DequantizeToF16WritesTheBlockBesideW) {
       uint16_t expect = sentinel;
       if (r < k.rows && c < k.cols) {
         expect = io::float_to_f16(w[r * k.cols + c]);
-      } else if (!k.below && r < k.rows && c < k.cols + fold) {  // scale * B[r][c - cols], then zeros
+      } else if (!k.below && r < k.rows && c < k.cols + fold) {  // zeros, scale * B[r][c - cols - lead], zeros
         const size_t j = c - k.cols;
-        expect = io::float_to_f16(j < k.r ? beside.scale * src[src_first + r * src_ld + j] : 0.0f);
+        expect = io::float_to_f16(j >= k.lead && j < k.lead + k.r ? beside.scale * src[src_first + r * src_ld + j - k.lead]
+                                                                   : 0.0f);
       } else if (k.below && r >= k.rows && r < out_rows && c < k.cols) {  // A[r - rows][c], then zero rows
         const size_t i = r - k.rows;
         expect = io::float_to_f16(i < k.r ? src[src_first + i * src_ld + c] : 0.0f);
