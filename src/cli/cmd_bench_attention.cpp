@@ -128,7 +128,7 @@ int run(const AttnBenchOptions& o) {
   if (!o.fused_forward_tiles.empty()) {
     const auto v = numbers(o.fused_forward_tiles, 3,
                            "--fused-forward-tiles: give three numbers WARPS,KEYS,PREFETCH (e.g. 8,64,1)");
-    for (ops::AttentionGemmOptions* g : {&fused, &fused_backward}) g->fused_forward_tiles = {v[0], v[1], v[2]};
+    for (ops::AttentionGemmOptions* g : {&fused, &fused_backward}) g->fused_forward_tiles = {v[0], v[1], v[2] != 0};
   }
   if (!o.fused_backward_tiles.empty()) {
     const auto v = numbers(o.fused_backward_tiles, 4,
@@ -301,7 +301,7 @@ forja::cli::CommandRegistration bench_attention_registration{"bench-attention", 
                   "flash's dk/dv workgroups per kv head (a divisor of heads / kv-heads; 0: automatic)");
   cmd->add_flag("--packed", o->packed, "Four packed documents per sequence instead of one");
   cmd->add_option("--fused-forward-tiles", o->fused_forward_tiles,
-                  "the fused forward's workgroups: WARPS,KEYS,PREFETCH (subgroups 1/2/4/8, tiles 16/32/64, prefetch 0/1/2; "
+                  "the fused forward's workgroups: WARPS,KEYS,PREFETCH (subgroups 1/2/4/8, tiles 16/32/64, prefetch 0/1; "
                   "default 8,64,0)");
   cmd->add_option("--fused-backward-tiles", o->fused_backward_tiles,
                   "fused-backward's workgroups: DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (subgroups 1/2/4/8, tiles "

@@ -28,8 +28,8 @@
 //
 // Specialization constants: 0 workgroup size (32 x WARPS), 1 WARPS, 2 BC, 3 HD (= head_dim, a
 // multiple of 16 up to 128), 4 ROW_SHIFT and 5 COL_SHIFT (the accumulator's element order), 6
-// PREFETCH (loads in flight during the products, see below), 7 PAIRED (each workgroup takes two
-// query tiles, see main).
+// PREFETCH (the next key tile's loads in flight during this one's products), 7 PAIRED (each
+// workgroup takes two query tiles, see main).
 // flash_fwd_khr_emu: the same without cooperative matrices (flash_khr_common.glsl), WARPS 1.
 //! variant flash_fwd_khr requires=nv_coopmat2
 //! variant flash_fwd_khr_emu -DEMULATE
@@ -62,11 +62,9 @@ layout(constant_id = 3) const uint HD = 128;
 // & 1), column 2 (l % 4) + i % 2 + 8 ((i >> COL_SHIFT) & 1).
 layout(constant_id = 4) const uint ROW_SHIFT = 2;
 layout(constant_id = 5) const uint COL_SHIFT = 1;
-// How a key tile's k and v rows reach shared memory: 0 staged between the barriers (the SM waits
-// for the loads); 1 the next tile's k and v loaded into registers while this one is computed, and
-// stored after it; 2 in turn, v of this tile in registers during S = Q K^T and the softmax, the
-// next tile's k during P V (half the registers of 1, each load hidden behind half the work).
-layout(constant_id = 6) const uint PREFETCH = 0;
+// Whether the next key tile's k and v rows are loaded into registers while this one is computed
+// (and stored to shared memory after it), or staged between the barriers.
+layout(constant_id = 6) const bool PREFETCH = false;
 // Whether workgroup w computes query tiles w and n - 1 - w (n tiles, grid of ceil(n / 2)) instead
 // of tile w alone: under the causal mask tile t has t + 1 tiles' worth of keys, so the pairs all
 // cost the same and no long tile is left running alone at the end (one sequence gives 4 waves of
@@ -117,21 +115,24 @@ uint next_tile(uint j, uint tiles, uint sbase, int qlo, int qhi, out int klo, ou
   return j;
 }
 
-// The prefetch: this invocation's chunks of a key tile's k or v rows, PER of them.
+// The prefetch: this invocation's chunks of a key tile's k and v rows, PER of each.
 const uint PER = (BC * CH + NT - 1u) / NT;
-#define FETCH(BUF, p, k0, first, ld)                                                                \
-  UNROLL for (uint i = 0u; i < PER; ++i) {                                                          \
-    const uint x = gl_LocalInvocationIndex + i * NT, r = x / CH, c = x % CH;                        \
-    p[i] = x < BC * CH && (k0) + r < pc.seq ? BUF[((first) + ((k0) + r) * (ld)) / 8u + c] : uvec4(0u); \
-  }
-void put(const uvec4 p[PER], uint at) {
+void fetch(uint k0, uint k_first, uint v_first, uint ld, out uvec4 pk[PER], out uvec4 pv[PER]) {
   UNROLL for (uint i = 0u; i < PER; ++i) {
     const uint x = gl_LocalInvocationIndex + i * NT, r = x / CH, c = x % CH;
-    if (x < BC * CH) sh[at + r * LD + c] = p[i];
+    const bool inside = x < BC * CH && k0 + r < pc.seq;
+    pk[i] = inside ? k8[(k_first + (k0 + r) * ld) / 8u + c] : uvec4(0u);
+    pv[i] = inside ? v8[(v_first + (k0 + r) * ld) / 8u + c] : uvec4(0u);
   }
 }
-void put_segments(uint sbase, uint k0) {
-  for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
+void put(const uvec4 pk[PER], const uvec4 pv[PER]) {
+  UNROLL for (uint i = 0u; i < PER; ++i) {
+    const uint x = gl_LocalInvocationIndex + i * NT, r = x / CH, c = x % CH;
+    if (x < BC * CH) {
+      sh[r * LD + c] = pk[i];
+      sh[KV_SIZE + r * LD + c] = pv[i];
+    }
+  }
 }
 
 // Query tile qt of head gl_WorkGroupID.y, sequence gl_WorkGroupID.z.
@@ -167,145 +168,105 @@ void query_tile(const uint qt) {
 
   const uint q_end = min(pc.seq, q0 + BR);
   const uint tiles = (q_end + BC - 1u) / BC;
-  const uint kv_ld = nkv * d;
-  // With a prefetch, jn is the next visible tile (its segment range in nlo, nhi, ngap), whose
+  // With the prefetch, jn is the next visible tile (its segment range in nlo, nhi, ngap), whose
   // loads are in flight. Without it, each tile's visibility is decided at its turn, in a loop
   // counted by j alone: the H100 ran that 8-15% faster than a loop stepping to the next visible
   // tile (B 1: 0.349 against 0.404 ms; docs/benchmarks.md, run 15).
   int nlo, nhi;
   bool ngap;
   uvec4 pk[PER], pv[PER];
-  uint jn = PREFETCH != 0u ? next_tile(0u, tiles, sbase, qlo, qhi, nlo, nhi, ngap) : 0u;
-  if (PREFETCH == 1u && jn < tiles) {
-    FETCH(k8, pk, jn * BC, k_first, kv_ld);
-    FETCH(v8, pv, jn * BC, v_first, kv_ld);
-  }
-  if (PREFETCH == 2u) barrier();  // every subgroup has its q fragments (k goes where q was staged)
-  if (PREFETCH == 2u && jn < tiles) {  // the first tile's k staged, its v in flight
-    STAGE(k8, 0u, jn * BC, BC, k_first, kv_ld);
-    put_segments(sbase, jn * BC);
-    FETCH(v8, pv, jn * BC, v_first, kv_ld);
-  }
-  if (PREFETCH == 2u) barrier();
+  uint jn = PREFETCH ? next_tile(0u, tiles, sbase, qlo, qhi, nlo, nhi, ngap) : 0u;
+  if (PREFETCH && jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
   for (uint j = 0u; j < tiles; ++j) {
     const uint k0 = j * BC;
     int klo, khi;
     bool kgap;
-    if (PREFETCH != 0u) {
+    if (PREFETCH) {
       if (j != jn) continue;
       klo = nlo, khi = nhi, kgap = ngap;
     } else {
       segment_range(sbase, k0, BC, klo, khi, kgap);
       if (khi < qlo || klo > qhi) continue;  // no visible pair (the same decision in every subgroup)
     }
-    if (PREFETCH != 2u) {
-      barrier();  // every subgroup is done with the previous tile
-      if (PREFETCH == 1u) {
-        put(pk, 0u);
-        put(pv, KV_SIZE);
-      } else {
-        STAGE(k8, 0u, k0, BC, k_first, kv_ld);
-        STAGE(v8, KV_SIZE, k0, BC, v_first, kv_ld);
-      }
-      put_segments(sbase, k0);
-      barrier();
-      // With the prefetch, the next visible tile's loads go out now and land while this one is
-      // computed.
-      if (PREFETCH == 1u) {
-        jn = next_tile(j + 1u, tiles, sbase, qlo, qhi, nlo, nhi, ngap);
-        if (jn < tiles) {
-          FETCH(k8, pk, jn * BC, k_first, kv_ld);
-          FETCH(v8, pv, jn * BC, v_first, kv_ld);
-        }
-      }
-      if (k0 > qw + 15u) continue;  // past this subgroup's last row
+    barrier();  // every subgroup is done with the previous tile
+    if (PREFETCH) {
+      put(pk, pv);
+    } else {
+      STAGE(k8, 0u, k0, BC, k_first, nkv * d);
+      STAGE(v8, KV_SIZE, k0, BC, v_first, nkv * d);
     }
-    // (PREFETCH 2: every subgroup goes through the barriers below, computing or not)
-    const bool computes = k0 <= qw + 15u;
+    for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
+    barrier();
+    // With the prefetch, the next visible tile's loads go out now and land while this one is
+    // computed.
+    if (PREFETCH) {
+      jn = next_tile(j + 1u, tiles, sbase, qlo, qhi, nlo, nhi, ngap);
+      if (jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
+    }
+    if (k0 > qw + 15u) continue;  // past this subgroup's last row
     const bool full = !qgap && !kgap && qlo == qhi && klo == khi && qlo == klo && k0 + BC <= qw + 1u;
 
+    // S = Q K^T: K is staged [key][d], so K^T is its column-major reading.
     FRAG_C s[NF];
-    if (computes) {
-      // S = Q K^T: K is staged [key][d], so K^T is its column-major reading.
-      UNROLL for (uint n = 0u; n < NF; ++n) {
-        s[n] = C_ZERO;
-        UNROLL for (uint k = 0u; k < HF; ++k) {
-          FRAG_B kb;
-          LOAD(kb, n * 16u * LD + 2u * k, COL_MAJOR);
-          s[n] = MMA(qa[k], kb, s[n]);
-        }
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      s[n] = C_ZERO;
+      UNROLL for (uint k = 0u; k < HF; ++k) {
+        FRAG_B kb;
+        LOAD(kb, n * 16u * LD + 2u * k, COL_MAJOR);
+        s[n] = MMA(qa[k], kb, s[n]);
       }
+    }
 
-      // Online softmax on this lane's elements: element i is in row half (i >> ROW_SHIFT) & 1.
-      float mx[2] = {NEG_INF, NEG_INF};
+    // Online softmax on this lane's elements: element i is in row half (i >> ROW_SHIFT) & 1.
+    float mx[2] = {NEG_INF, NEG_INF};
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      UNROLL for (uint i = 0u; i < 8u; ++i) {
+        const uint hh = (i >> ROW_SHIFT) & 1u;
+        float x = s[n][i] * s2;
+        if (!full) {
+          const uint c = n * 16u + lane_col(lane, i);
+          const uint qi = hh == 0u ? row0 : row1;
+          const int sq = hh == 0u ? seg0 : seg1;
+          if (k0 + c > qi || qi >= pc.seq || sq == 0 || sseg_k[c] != sq) x = NEG_INF;
+        }
+        s[n][i] = x;
+        mx[hh] = max(mx[hh], x);
+      }
+    }
+    float alpha[2], m_use[2], ls[2] = {0.0, 0.0};
+    UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
+      mx[hh] = max(mx[hh], SHUFFLE_XOR(mx[hh], 1u));
+      mx[hh] = max(mx[hh], SHUFFLE_XOR(mx[hh], 2u));
+      const float m_new = max(m[hh], mx[hh]);
+      m_use[hh] = m_new == NEG_INF ? 0.0 : m_new;  // a row that has seen nothing yet: exp2(-inf) = 0
+      alpha[hh] = exp2(m[hh] - m_use[hh]);
+      m[hh] = m_new;
+    }
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      UNROLL for (uint i = 0u; i < 8u; ++i) {
+        const uint hh = (i >> ROW_SHIFT) & 1u;
+        const float p = exp2(s[n][i] - m_use[hh]);
+        s[n][i] = p;
+        ls[hh] += p;
+      }
+    }
+    UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
+      ls[hh] += SHUFFLE_XOR(ls[hh], 1u);
+      ls[hh] += SHUFFLE_XOR(ls[hh], 2u);
+      l[hh] = alpha[hh] * l[hh] + ls[hh];
+    }
+    UNROLL for (uint f = 0u; f < HF; ++f)
+      UNROLL for (uint i = 0u; i < 8u; ++i) acc[f][i] *= alpha[(i >> ROW_SHIFT) & 1u];
+
+    // O += P V: P (rounded to fp16 by the conversion) as A fragments, V staged [key][d] row-major.
+    FRAG_A pa[NF];
+    UNROLL for (uint n = 0u; n < NF; ++n) pa[n] = TO_A(s[n]);
+    UNROLL for (uint f = 0u; f < HF; ++f) {
       UNROLL for (uint n = 0u; n < NF; ++n) {
-        UNROLL for (uint i = 0u; i < 8u; ++i) {
-          const uint hh = (i >> ROW_SHIFT) & 1u;
-          float x = s[n][i] * s2;
-          if (!full) {
-            const uint c = n * 16u + lane_col(lane, i);
-            const uint qi = hh == 0u ? row0 : row1;
-            const int sq = hh == 0u ? seg0 : seg1;
-            if (k0 + c > qi || qi >= pc.seq || sq == 0 || sseg_k[c] != sq) x = NEG_INF;
-          }
-          s[n][i] = x;
-          mx[hh] = max(mx[hh], x);
-        }
+        FRAG_B vb;
+        LOAD(vb, KV_SIZE + n * 16u * LD + 2u * f, ROW_MAJOR);
+        acc[f] = MMA(pa[n], vb, acc[f]);
       }
-      float alpha[2], m_use[2], ls[2] = {0.0, 0.0};
-      UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
-        mx[hh] = max(mx[hh], SHUFFLE_XOR(mx[hh], 1u));
-        mx[hh] = max(mx[hh], SHUFFLE_XOR(mx[hh], 2u));
-        const float m_new = max(m[hh], mx[hh]);
-        m_use[hh] = m_new == NEG_INF ? 0.0 : m_new;  // a row that has seen nothing yet: exp2(-inf) = 0
-        alpha[hh] = exp2(m[hh] - m_use[hh]);
-        m[hh] = m_new;
-      }
-      UNROLL for (uint n = 0u; n < NF; ++n) {
-        UNROLL for (uint i = 0u; i < 8u; ++i) {
-          const uint hh = (i >> ROW_SHIFT) & 1u;
-          const float p = exp2(s[n][i] - m_use[hh]);
-          s[n][i] = p;
-          ls[hh] += p;
-        }
-      }
-      UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
-        ls[hh] += SHUFFLE_XOR(ls[hh], 1u);
-        ls[hh] += SHUFFLE_XOR(ls[hh], 2u);
-        l[hh] = alpha[hh] * l[hh] + ls[hh];
-      }
-      UNROLL for (uint f = 0u; f < HF; ++f)
-        UNROLL for (uint i = 0u; i < 8u; ++i) acc[f][i] *= alpha[(i >> ROW_SHIFT) & 1u];
-    }
-    if (PREFETCH == 2u) {
-      // v of this tile into shared memory (every subgroup is done with the previous one's: the
-      // barrier that ended the last tile), then the next visible tile's k goes out while P V runs.
-      put(pv, KV_SIZE);
-      barrier();
-      jn = next_tile(j + 1u, tiles, sbase, qlo, qhi, nlo, nhi, ngap);
-      if (jn < tiles) FETCH(k8, pk, jn * BC, k_first, kv_ld);
-    }
-    if (computes) {
-      // O += P V: P (rounded to fp16 by the conversion) as A fragments, V staged [key][d] row-major.
-      FRAG_A pa[NF];
-      UNROLL for (uint n = 0u; n < NF; ++n) pa[n] = TO_A(s[n]);
-      UNROLL for (uint f = 0u; f < HF; ++f) {
-        UNROLL for (uint n = 0u; n < NF; ++n) {
-          FRAG_B vb;
-          LOAD(vb, KV_SIZE + n * 16u * LD + 2u * f, ROW_MAJOR);
-          acc[f] = MMA(pa[n], vb, acc[f]);
-        }
-      }
-    }
-    if (PREFETCH == 2u) {
-      // the next tile's k (every subgroup is done with this one's: the barrier above) and its
-      // segments; its v goes out, to land during its S = Q K^T
-      if (jn < tiles) {
-        put(pk, 0u);
-        put_segments(sbase, jn * BC);
-        FETCH(v8, pv, jn * BC, v_first, kv_ld);
-      }
-      barrier();
     }
   }
 

@@ -1,7 +1,6 @@
 #include "ops/attention_gemm.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -12,7 +11,6 @@
 #include "ops/attention_common.h"
 #include "ops/chunking.h"
 #include "ops/elementwise.h"
-#include "util/error.h"
 
 namespace forja::ops {
 
@@ -104,11 +102,9 @@ static_assert(kernels::push_block_matches<FusedPush>(kernels::flash_fwd_khr),
 // The forward's workgroups within what the kernel and the device allow: shared memory holds the
 // staged k and v tiles, or the workgroup's q rows before the loop (kernels/flash_forward_khr.comp's
 // SH_SIZE), the tile's segment ids and the emulation's exchange arrays.
-void check_fused_forward_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t keys, uint32_t head_dim,
-                               uint32_t prefetch) {
+void check_fused_forward_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t keys, uint32_t head_dim) {
   if (!(warps == 1 || warps == 2 || warps == 4 || warps == 8) || !(keys == 16 || keys == 32 || keys == 64))
     throw std::invalid_argument("fused attention forward tiles: subgroups must be 1, 2, 4 or 8 and tiles 16, 32 or 64");
-  if (prefetch > 2) throw std::invalid_argument("fused attention forward tiles: prefetch must be 0, 1 or 2");
   const uint64_t ld = head_dim / 8 + 1;
   const uint64_t bytes = 16 * std::max<uint64_t>(2ull * keys * ld, 16ull * warps * ld) + 4ull * keys + 4 * (256 + 256 + 32);
   if (bytes > ctx.info().max_shared_memory)
@@ -194,10 +190,10 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
   const FusedSetup f = fused_setup(ctx, o);
   const uint32_t warps = f.emulated ? 1 : o.fused_forward_tiles.warps;
   const uint32_t keys = f.emulated ? o.emulated_tile : o.fused_forward_tiles.keys;
-  check_fused_forward_tiles(ctx, warps, keys, m.d, o.fused_forward_tiles.prefetch);
+  check_fused_forward_tiles(ctx, warps, keys, m.d);
   const auto& p = ctx.pipelines().get(f.emulated ? kernels::flash_fwd_khr_emu : kernels::flash_fwd_khr,
                                       {warps * 32, warps, keys, m.d, f.row_shift, f.col_shift,
-                                       o.fused_forward_tiles.prefetch,
+                                       o.fused_forward_tiles.prefetch ? 1u : 0u,
                                        o.fused_forward_tiles.paired ? 1u : 0u});
   const uint32_t rows_per_group = warps * 16;
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_forward", m);
@@ -489,18 +485,6 @@ bool attention_fused_kernels_run(gpu::Context& ctx, uint32_t head_dim, const Att
 bool attention_paired_default() {
   static const bool paired = gpu::env_flag_default_on("FORJA_ATTENTION_PAIRED");
   return paired;
-}
-
-uint32_t attention_prefetch_default() {
-  static const uint32_t prefetch = [] {
-    const char* v = std::getenv("FORJA_ATTENTION_PREFETCH");
-    if (!v || !*v) return 0u;
-    const std::string s(v);
-    if (s != "0" && s != "1" && s != "2")
-      throw UserError("FORJA_ATTENTION_PREFETCH=" + s + ": give 0, 1 or 2 (the fused attention forward's prefetch)");
-    return static_cast<uint32_t>(s[0] - '0');
-  }();
-  return prefetch;
 }
 
 bool attention_fused_backward_enabled(gpu::Context& ctx, uint32_t head_dim) {

@@ -31,9 +31,6 @@ namespace forja::ops {
 // The fused kernels' paired row tiles by default (AttentionGemmOptions' `paired`): on, unless
 // FORJA_ATTENTION_PAIRED=0 (for measuring the training step with and without them in one binary).
 bool attention_paired_default();
-// The fused forward's default prefetch (FusedForwardTiles::prefetch): FORJA_ATTENTION_PREFETCH
-// (0, 1 or 2), else 0.
-uint32_t attention_prefetch_default();
 
 struct AttentionGemmOptions {
   GemmKernel kernel = GemmKernel::automatic;  // for the products (tests pick coopmat_emulated)
@@ -49,9 +46,8 @@ struct AttentionGemmOptions {
   bool fused_forward = true;
   // The fused forward's workgroups: warps subgroups of 16 query rows against tiles of keys keys
   // (subgroups 1, 2, 4 or 8; tiles 16, 32 or 64, within the device's shared memory); prefetch:
-  // 0 k and v staged between barriers; 1 the next key tile's loads go out before this one's
-  // products (registers hold them); 2 in turn: this tile's v during S = Q K^T and the softmax, the
-  // next tile's k during P V (half the registers; FORJA_ATTENTION_PREFETCH sets the default). On an H100 (S 2048, 32/8 heads x 128, `forja bench attention
+  // the next key tile's loads go out before this one's products (registers hold them), instead
+  // of staging between barriers. On an H100 (S 2048, 32/8 heads x 128, `forja bench attention
   // --fused-forward-tiles`; docs/benchmarks.md) 8,64 without prefetch ran the forward in 0.344-
   // 0.349 ms at B 1 and 2.18 at B 8; 4,64 with prefetch 0.369-0.374 and 2.29.
   // paired: each workgroup computes query tiles w and n - 1 - w (the causal mask makes every pair
@@ -60,7 +56,7 @@ struct AttentionGemmOptions {
   // +1.6%. FORJA_ATTENTION_PAIRED=0 turns it off by default, for the training step too.
   struct FusedForwardTiles {
     uint32_t warps = 8, keys = 64;
-    uint32_t prefetch = attention_prefetch_default();
+    bool prefetch = false;
     bool paired = attention_paired_default();
   } fused_forward_tiles;
   // The backward as two fused kernels (kernels/flash_backward_khr.comp: dq per query tile; dk and

@@ -53,7 +53,7 @@ struct Impl {
   bool fused_backward = false;  // and its fused backward kernels
   uint32_t emulated_row_shift = 0;  // > 0: the fused kernels' emulation, with this accumulator order
   uint32_t emulated_tile = 32;      // and this tile of keys / queries
-  uint32_t forward_prefetch = 0;    // the fused forward's prefetch (FusedForwardTiles::prefetch)
+  bool forward_prefetch = false;    // the fused forward's prefetch of the next key tile
   bool paired = false;              // the fused kernels' workgroups take two row tiles
   std::string name() const {
     return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) +
@@ -61,8 +61,7 @@ struct Impl {
                       (emulated_row_shift ? " emulated, row shift " + std::to_string(emulated_row_shift) +
                                                 ", tile " + std::to_string(emulated_tile)
                                           : "") +
-                      (forward_prefetch ? ", prefetch " + std::to_string(forward_prefetch) : "") +
-                      (paired ? ", paired" : "")
+                      (forward_prefetch ? ", prefetch" : "") + (paired ? ", paired" : "")
                 : "tiled";
   }
   ops::AttentionGemmOptions options() const {
@@ -236,14 +235,11 @@ TEST_F(AttentionTest, FusedForwardMatchesReference) {
   const Shape shapes[] = {{2, 7, 4, 2, 16},   {2, 65, 4, 2, 128}, {1, 64, 3, 1, 64}, {2, 130, 6, 1, 64},
                           {1, 200, 4, 2, 128}, {1, 256, 8, 2, 128}, {3, 33, 2, 2, 32}};
   Impl fused{true, ops::GemmKernel::automatic, 0, true};
-  for (const uint32_t prefetch : {0u, 1u, 2u}) {  // every prefetch, paired or not
-    fused.forward_prefetch = prefetch;
-    for (const bool paired : {false, true}) {
-      fused.paired = paired;
-      for (const Shape& s : shapes) {
-        check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
-        check(s, packed_segments(s, rng_), fused);
-      }
+  for (const bool paired : {false, true}) {
+    fused.paired = paired;
+    for (const Shape& s : shapes) {
+      check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
+      check(s, packed_segments(s, rng_), fused);
     }
   }
   EXPECT_FALSE(ops::attention_fused_forward_supported(ctx(), 8));
@@ -274,7 +270,7 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
 // cooperative matrices) on any device, lavapipe included: their tiling, masks, online softmax and
 // the backward's recomputation from lse, forward and backward, in both accumulator orders the
 // kernels know; sequences shorter than and beyond the emulation's 16-row and 32-key tiles, head_dim
-// 16 to 128, GQA 1 to 6, causal and packed; the forward with each of its prefetches, the row
+// 16 to 128, GQA 1 to 6, causal and packed; the forward with and without its prefetch, the row
 // tiles one or two per workgroup (cases 1, 2, 5, 6: odd and even tile counts). Lavapipe
 // compiles each (kernel, head_dim, order) for about 2 s, so few of them are asked for.
 TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
@@ -283,11 +279,12 @@ TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
   const std::tuple<Shape, uint32_t, uint32_t> cases[] = {
       {{2, 7, 4, 2, 16}, 2, 32},  {{1, 37, 2, 1, 128}, 2, 32}, {{2, 70, 6, 1, 16}, 2, 32}, {{2, 40, 6, 2, 32}, 1, 32},
       {{1, 70, 2, 2, 32}, 1, 32}, {{2, 150, 4, 1, 64}, 2, 64}, {{1, 67, 6, 2, 32}, 1, 64}};
+  bool prefetch = false;
   uint32_t index = 0;
   for (const auto& [s, row_shift, tile] : cases) {
     Impl fused{true, ops::GemmKernel::automatic, 0, true};
     fused.fused_backward = true;
-    fused.forward_prefetch = (index + 1) % 3;
+    fused.forward_prefetch = prefetch = !prefetch;
     fused.paired = index % 4 == 1 || index % 4 == 2;
     ++index;
     fused.emulated_row_shift = row_shift;
