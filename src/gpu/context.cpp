@@ -28,6 +28,15 @@ Context::Context(std::shared_ptr<Device> device) : device_(std::move(device)) {
   profile_serial_ = profiling_ && std::string_view(profile) == "serial";
   profile_shapes_ = profiling_ && (std::string_view(profile) == "shapes" || profile_serial_);
   if (profiling_) max_batch_ = std::min(max_batch_, max_timed_);
+  if (const char* skip = std::getenv("FORJA_SKIP_OPS")) {
+    std::string_view rest(skip);
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      const std::string_view prefix = rest.substr(0, comma);
+      if (!prefix.empty()) skip_ops_.emplace_back(prefix);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+  }
 
   VkCommandPoolCreateInfo pi{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
   pi.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
@@ -156,6 +165,14 @@ void Context::dispatch(const Pipeline& p, const std::vector<Binding>& bindings, 
                            std::to_string(p.push_bytes));
   const DeviceInfo& info = device_->info();
   if (gx == 0 || gy == 0 || gz == 0) return;  // nothing to do
+  if (!skip_ops_.empty()) {
+    const std::string_view name = op ? std::string_view(op) : std::string_view(p.name);
+    for (const std::string& prefix : skip_ops_)
+      if (name.starts_with(prefix)) {
+        ++skipped_;
+        return;  // FORJA_SKIP_OPS: not recorded, so no hazard either
+      }
+  }
   if (gx > info.max_workgroup_count[0] || gy > info.max_workgroup_count[1] || gz > info.max_workgroup_count[2])
     throw std::logic_error(p.name + ": workgroup count " + std::to_string(gx) + "x" + std::to_string(gy) + "x" +
                            std::to_string(gz) + " exceeds the device limit");

@@ -14,7 +14,13 @@
 // intervals add up to the GPU's busy time; where dispatches overlap (no hazard between them: a
 // dequantisation beside a product) the time they share goes to the earlier one.
 // FORJA_PROFILE=serial is shapes with a barrier before every dispatch: each op runs alone, so its
-// time is its own (with the wait for the barrier).
+// time is its own (with the wait for the barrier). Both change what they measure: on NVIDIA's
+// driver a timestamp waits for the work before it, so dispatches that would overlap run one after
+// the other (a profiled Qwen3-4B 1x2048 step takes 331 ms against 285; docs/benchmarks.md).
+//
+// FORJA_SKIP_OPS=prefix[,prefix...] (measuring only: every result is wrong) records no dispatch
+// whose op name starts with one of the prefixes, so a step's time with and without an op, at
+// full overlap, says what the op costs it.
 #pragma once
 #include <vulkan/vulkan.h>
 
@@ -112,6 +118,9 @@ class Context {
   void set_max_batch(uint32_t n) { max_batch_ = n; }
   bool profiling() const { return profiling_; }
   bool profiling_shapes() const { return profile_shapes_; }  // FORJA_PROFILE=shapes or serial
+  // FORJA_SKIP_OPS's prefixes (empty: every dispatch runs), and the dispatches it left out.
+  const std::vector<std::string>& skipped_ops() const { return skip_ops_; }
+  uint64_t dispatches_skipped() const { return skipped_; }
   const std::map<std::string, ProfileEntry>& profile() const { return profile_; }
   void print_profile() const;
   uint64_t barriers_recorded() const { return barriers_; }
@@ -147,6 +156,8 @@ class Context {
   bool profiling_ = false;
   bool profile_shapes_ = false;
   bool profile_serial_ = false;  // FORJA_PROFILE=serial: a barrier before every dispatch
+  std::vector<std::string> skip_ops_;  // FORJA_SKIP_OPS
+  uint64_t skipped_ = 0;
   // Hazard tracking since the last barrier.
   std::vector<Range> written_, read_;
   uint64_t barriers_ = 0;

@@ -124,5 +124,26 @@ TEST(GpuContextProfile, SerialProfileRunsEachDispatchAlone) {
   for (auto& b : {x, y1, y2}) c->free(b);
 }
 
+// FORJA_SKIP_OPS (measuring only): dispatches whose op name starts with a listed prefix are not
+// recorded; the others run as usual.
+TEST(GpuContextSkipOps, LeavesOutTheListedOpsOnly) {
+  ::setenv("FORJA_SKIP_OPS", "skip_me,,also_", 1);
+  std::unique_ptr<gpu::Context> c = gpu::Context::create(-1, /*quiet=*/true);
+  ::unsetenv("FORJA_SKIP_OPS");
+  EXPECT_EQ(c->skipped_ops(), (std::vector<std::string>{"skip_me", "also_"}));
+  const uint32_t n = 256;
+  gpu::Buffer x = c->alloc(n * 4), y1 = c->alloc(n * 4), y2 = c->alloc(n * 4), y3 = c->alloc(n * 4);
+  for (const gpu::Buffer& b : {x, y1, y2, y3}) c->fill(b, 0);
+  const auto& p = c->pipelines().get(kernels::fill_test);
+  c->dispatch(p, {{x, gpu::Access::read}, {y1, gpu::Access::write}}, AxpbPush{n, 1.0f, 3.0f}, 4, 1, 1, "skip_me");
+  c->dispatch(p, {{x, gpu::Access::read}, {y2, gpu::Access::write}}, AxpbPush{n, 1.0f, 5.0f}, 4, 1, 1, "also_this");
+  c->dispatch(p, {{x, gpu::Access::read}, {y3, gpu::Access::write}}, AxpbPush{n, 1.0f, 7.0f}, 4, 1, 1, "skip");
+  EXPECT_EQ(c->dispatches_skipped(), 2u);
+  EXPECT_EQ(c->download<float>(y1, n)[0], 0.0f);
+  EXPECT_EQ(c->download<float>(y2, n)[0], 0.0f);
+  EXPECT_EQ(c->download<float>(y3, n)[0], 7.0f);  // "skip" is not "skip_me"
+  for (auto& b : {x, y1, y2, y3}) c->free(b);
+}
+
 }  // namespace
 }  // namespace forja::test
