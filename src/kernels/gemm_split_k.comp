@@ -7,7 +7,7 @@
 // gemm_split_k_f16 also writes C rounded to fp16 (round to nearest even, as ops::to_f16_block)
 // into one or two fp16 blocks (ops::GemmF16Copy): columns [0, N) of rows [0, M), and zeros in
 // columns [N, width): the fp16 copies a folded LoRA product reads beside another operand
-// (model/transformer.cpp: dt beside dy and in dt16), without a dispatch of its own for each.
+// (model/transformer_linear.cpp: dt beside dy and in dt16), without a dispatch of its own for each.
 // N, the blocks' row strides, offsets and widths are even (two halves per uint store); an
 // invocation sums a pair of adjacent columns.
 //! variant gemm_split_k

@@ -1,7 +1,7 @@
 #version 450
 // A block of an fp32 matrix rounded into a block of an fp16 one (ops::to_f16_block), for the
 // products that take several operands side by side: mixed precision's base products with the
-// LoRA factors folded in (model/transformer.cpp: x16 | t16 against W | s B, dy16 | dt16 against
+// LoRA factors folded in (model/transformer_linear.cpp: x16 | t16 against W | s B, dy16 | dt16 against
 // W ; A). dst[r][c] = fp16(scale * src[r][c - lead]) for lead <= c < lead + cols, 0 elsewhere in
 // [0, width) (a factor placed among others' columns, padding up to whole K tiles), r < rows; both
 // row-major with their own row strides, from element offsets.

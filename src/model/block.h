@@ -42,7 +42,7 @@ int64_t block_elements_per_token(const ModelConfig& config, int64_t lora_width, 
 uint32_t lora_fold_pad(int64_t rank);
 
 // Mixed precision dequantises each NF4 projection W [out, in] to fp16 before its products, into
-// a slot per projection kind (model/transformer.cpp) laid out as both folds read it: rows
+// a slot per projection kind (model/transformer_linear.cpp) laid out as both folds read it: rows
 // [W | s B ; A | 0], the forward taking [W | s B] with K = in + fold and the backward [W ; A]
 // with K = out + fold (fold: the LoRA rank rounded up to 64, 0 without LoRA), at the row stride
 // dequantised_ld(in, fold) = in + max(fold, 64). A stride of a multiple of 1024 halves (Qwen3-4B's

@@ -85,7 +85,7 @@ uint32_t gemm_split_k_slices(const GemmShape& shape);
 // An fp16 copy of a product's C, written with it (gemm's `copies`): rows [0, M) of an fp16 block
 // at half `offset` of `buffer`, row stride `ld` halves, holding fp16(C) (round to nearest even,
 // as to_f16_block) in columns [0, N) and zeros in [N, width). N, offset, ld and width even. For the
-// fp16 copies a folded LoRA product reads (model/transformer.cpp: dt beside dy and in dt16): a
+// fp16 copies a folded LoRA product reads (model/transformer_linear.cpp: dt beside dy and in dt16): a
 // split product's summing kernel writes them (kernels/gemm_split_k.comp), other products are
 // followed by to_f16_block.
 struct GemmF16Copy {
