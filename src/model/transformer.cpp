@@ -13,12 +13,10 @@
 #include "ops/attention.h"
 #include "ops/attention_gemm.h"
 #include "ops/cross_entropy.h"
-#include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/flash_attention.h"
 #include "ops/gemm.h"
-#include "ops/nf4.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 
