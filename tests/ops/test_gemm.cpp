@@ -175,6 +175,17 @@ class GemmTest : public GpuTest {
         Layout batched = Layout::aligned();
         batched.batch = 3;
         run({128, 128, 64, ta, tb, 1.0f, 0.5f}, DType::f16, k, true, batched);
+        // Split-K: a shorter last slice, beta, several output tiles each way, aligned rows and not.
+        Layout split;
+        split.lda_pad = 8;
+        split.split_k = 5;
+        run({70, 16, 1000, ta, tb, 1.0f, 0.0f}, DType::f16, k, true, split);
+        run({130, 150, 2000, ta, tb, 0.5f, 1.0f}, DType::f16, k, false, split);
+        split.a_f32 = true;
+        run({70, 16, 1000, ta, tb, 1.0f, 0.0f}, DType::f16, k, false, split);
+        Layout split_aligned = Layout::aligned();
+        split_aligned.split_k = 7;
+        run({2048, 16, 2048, ta, tb, 1.0f, 1.0f}, DType::f16, k, false, split_aligned);
       }
     run({1000, 3, 777, false, true, 1.0f, 0.0f}, DType::f16, k, true);
     run({512, 512, 4100, true, false, 1.0f, 0.0f}, DType::f16, k, true);
@@ -421,6 +432,7 @@ TEST_F(GemmTest, SplitKAllTransposesAndKernels) {
           Layout h = l;
           h.lda_pad = 8;
           run(c, DType::f16, GemmKernel::scalar, false, h);
+          run(c, DType::f16, GemmKernel::coopmat_emulated, false, h);
           h.a_f32 = true;
           run(c, DType::f16, GemmKernel::coopmat_emulated, true, h);
         }
@@ -446,17 +458,29 @@ TEST_F(GemmTest, Fp16CopiesOfTheProduct) {
   const uint32_t ld0 = 70, ld1 = 24;
   const uint16_t mark = 0x7bff;  // 65504: not a value a copy writes here
   gpu::Buffer d0 = ctx().alloc(uint64_t(m) * ld0 * 2), d1 = ctx().alloc(uint64_t(m) * ld1 * 2 + 16);
+  // The emulated cooperative-matrix kernel on fp16 operands too (LoRA's thin products run on
+  // that family's kernels).
+  std::vector<uint16_t> a16(a.size()), b16(b.size());
+  for (size_t i = 0; i < a.size(); ++i) a16[i] = io::float_to_f16(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) b16[i] = io::float_to_f16(b[i]);
+  gpu::Buffer ga16 = ctx().alloc(a16.size() * 2), gb16 = ctx().alloc(b16.size() * 2);
+  ctx().upload(ga16, a16);
+  ctx().upload(gb16, b16);
+  for (GemmKernel kernel : {GemmKernel::automatic, GemmKernel::coopmat_emulated})
   for (uint32_t slices : {1u, 6u})
     for (size_t count : {size_t{1}, size_t{2}}) {
-      SCOPED_TRACE("slices " + std::to_string(slices) + ", copies " + std::to_string(count));
+      SCOPED_TRACE("slices " + std::to_string(slices) + ", copies " + std::to_string(count) + ", kernel " +
+                   ops::gemm_kernel_name(kernel));
       ops::GemmShape s{m, n, k};
       s.split_k = slices;
-      ops::gemm(ctx(), s, {ga, DType::f32, 0, k}, {gb, DType::f32, 0, n}, {want_c, DType::f32, 0, n});
+      const bool f16 = kernel == GemmKernel::coopmat_emulated;
+      const ops::MatrixView va = f16 ? ops::MatrixView{ga16, DType::f16, 0, k} : ops::MatrixView{ga, DType::f32, 0, k};
+      const ops::MatrixView vb = f16 ? ops::MatrixView{gb16, DType::f16, 0, n} : ops::MatrixView{gb, DType::f32, 0, n};
+      ops::gemm(ctx(), s, va, vb, {want_c, DType::f32, 0, n}, kernel);
       ctx().upload(d0, std::vector<uint16_t>(uint64_t(m) * ld0, mark));
       ctx().upload(d1, std::vector<uint16_t>(uint64_t(m) * ld1 + 8, mark));
       const ops::GemmF16Copy copies[] = {{d0, 40, ld0, 24}, {d1, 6, ld1, n}};
-      ops::gemm(ctx(), s, {ga, DType::f32, 0, k}, {gb, DType::f32, 0, n}, {gc, DType::f32, 0, n},
-                GemmKernel::automatic, std::span(copies, count));
+      ops::gemm(ctx(), s, va, vb, {gc, DType::f32, 0, n}, kernel, std::span(copies, count));
       const std::vector<float> c = ctx().download<float>(gc, uint64_t(m) * n);
       EXPECT_EQ(c, ctx().download<float>(want_c, uint64_t(m) * n));
       const std::vector<uint16_t> h0 = ctx().download<uint16_t>(d0, uint64_t(m) * ld0),
@@ -478,7 +502,7 @@ TEST_F(GemmTest, Fp16CopiesOfTheProduct) {
                          {gc, DType::f32, 0, n}, GemmKernel::automatic,
                          std::vector<ops::GemmF16Copy>{{d0, 41, ld0, 24}}),
                std::logic_error);
-  for (auto& x : {ga, gb, gc, want_c, d0, d1}) ctx().free(x);
+  for (auto& x : {ga, gb, gc, want_c, d0, d1, ga16, gb16}) ctx().free(x);
 }
 
 TEST_F(GemmTest, SplitKOnlyForFewTilesWithLongK) {
