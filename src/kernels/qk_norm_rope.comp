@@ -11,7 +11,17 @@
 // LANES invocations per row (a power of two), WG / LANES rows per workgroup; each invocation
 // takes column pairs (j, j+1) and their partners (j + d/2, j + d/2 + 1), j even, and the row's
 // sum of squares goes through a shared-memory tree (no subgroup size assumed). d % 4 == 0.
+// out's rows (tokens) are ld_out halves apart, a head's d values at head * d.
+//
+// qk_norm_rope_bwd_f16 (BACKWARD) is its backward into the fp16 copy the projection's backward
+// reads (ops::qk_norm_rope_backward_f16): for each row, from dy (the attention's dq or dk, fp32)
+//   g = rope^T(dy)   (g_j = dy_j cos(a_j) + dy_{j+d/2} sin(a_j), g_{j+d/2} = dy_{j+d/2} cos(a_j) - dy_j sin(a_j))
+//   dx_c = rstd w_c g_c - x_c rstd^3 / d * sum_c(g w x)
+// with x the norm's input (the projection's output) and rstd the forward's, rounded to fp16: the
+// operations of rope_backward, then rmsnorm_backward, then to_f16_block (the row's dot in another
+// order), which it replaces (three passes over fp32 rows and two dispatches more).
 //! variant qk_norm_rope_f16
+//! variant qk_norm_rope_bwd_f16 -DBACKWARD
 #include "f16_round.glsl"
 #include "rope_common.glsl"
 
@@ -28,13 +38,22 @@ layout(push_constant) uniform PC {
   uint first_r;     // element offset of row 0 in rstd
   uint first_pos;   // element offset of the dispatch's first token in pos
   float eps;
+  uint ld_out;      // halves between out's rows (tokens), even
+  uint first_dy;    // backward: fp32 element offset of row 0 in dy
 } pc;
 layout(set = 0, binding = 0) readonly buffer X { vec2 x[]; };
 layout(set = 0, binding = 1) readonly buffer W { vec2 w[]; };
 layout(set = 0, binding = 2) writeonly buffer O { uint o[]; };
+#ifndef BACKWARD
 layout(set = 0, binding = 3) writeonly buffer R { float rstd[]; };
+#else
+layout(set = 0, binding = 3) readonly buffer R { float rstd[]; };
+#endif
 layout(set = 0, binding = 4) readonly buffer P { int pos[]; };
 layout(set = 0, binding = 5) readonly buffer F { float inv_freq[]; };
+#ifdef BACKWARD
+layout(set = 0, binding = 6) readonly buffer DY { vec2 dy[]; };
+#endif
 
 shared float red[WG];
 
@@ -50,6 +69,53 @@ float row_sum(float v) {
   return red[t - lane];
 }
 
+#ifdef BACKWARD
+// sin and cos of the angles of columns j and j + 1 of `token`'s row.
+void angles(float p, uint j, out vec2 sn, out vec2 cs) {
+  precise float angle0 = p * inv_freq[j];
+  precise float angle1 = p * inv_freq[j + 1u];
+  sincos_accurate(angle0, sn.x, cs.x);
+  sincos_accurate(angle1, sn.y, cs.y);
+}
+
+void main() {
+  const uint group = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+  if (group * RPW >= pc.rows) return;  // uniform per workgroup, so the barrier below stays uniform
+  const uint t = gl_LocalInvocationIndex, lane = t % LANES;
+  const uint row = group * RPW + t / LANES;
+  const bool live = row < pc.rows;  // the last workgroup's rows past the end still reduce (zeros)
+  const uint d = pc.head_dim, hd = d / 2u;
+  const uint end = live ? hd : 0u;  // column pairs j < hd, j even
+  const uint xb = pc.first_x + (live ? row : 0u) * d, gb = pc.first_dy + (live ? row : 0u) * d;  // even
+  const uint token = (live ? row : 0u) / pc.heads;
+  const float p = float(pos[pc.first_pos + token]);
+  // g = rope^T(dy) (rope_backward's operations: x0 c - x1 (-s), x1 c + x0 (-s)), and sum(g w x)
+  float dot = 0.0;
+  for (uint j = 2u * lane; j < end; j += 2u * LANES) {
+    vec2 sn, cs;
+    angles(p, j, sn, cs);
+    const vec2 d0 = dy[(gb + j) / 2u], d1 = dy[(gb + hd + j) / 2u];
+    const vec2 g0 = d0 * cs - d1 * (-sn), g1 = d1 * cs + d0 * (-sn);
+    const vec2 x0 = x[(xb + j) / 2u], x1 = x[(xb + hd + j) / 2u];
+    const vec2 t0 = g0 * w[j / 2u] * x0, t1 = g1 * w[(hd + j) / 2u] * x1;
+    dot += t0.x + t0.y + t1.x + t1.y;
+  }
+  const float s = live ? rstd[pc.first_r + row] : 0.0;
+  const float k = row_sum(dot) * (s * s * s) / float(d);
+  if (!live) return;
+  const uint at = pc.first_out + token * pc.ld_out + (row - token * pc.heads) * d;
+  for (uint j = 2u * lane; j < hd; j += 2u * LANES) {
+    vec2 sn, cs;
+    angles(p, j, sn, cs);
+    const vec2 d0 = dy[(gb + j) / 2u], d1 = dy[(gb + hd + j) / 2u];
+    const vec2 g0 = d0 * cs - d1 * (-sn), g1 = d1 * cs + d0 * (-sn);
+    const vec2 x0 = x[(xb + j) / 2u], x1 = x[(xb + hd + j) / 2u];
+    const vec2 r0 = s * w[j / 2u] * g0 - k * x0, r1 = s * w[(hd + j) / 2u] * g1 - k * x1;
+    o[(at + j) / 2u] = packHalf2x16(vec2(round_to_f16(r0.x), round_to_f16(r0.y)));
+    o[(at + hd + j) / 2u] = packHalf2x16(vec2(round_to_f16(r1.x), round_to_f16(r1.y)));
+  }
+}
+#else
 void main() {
   const uint group = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
   if (group * RPW >= pc.rows) return;  // uniform per workgroup, so the barrier below stays uniform
@@ -71,7 +137,7 @@ void main() {
   if (lane == 0u) rstd[pc.first_r + row] = s;
   const uint token = row / pc.heads;
   const float p = float(pos[pc.first_pos + token]);
-  const uint at = pc.first_out + row * d;
+  const uint at = pc.first_out + token * pc.ld_out + (row - token * pc.heads) * d;
   for (uint j = 2u * lane; j < hd; j += 2u * LANES) {
     const vec2 a = x[(base + j) / 2u], b = x[(base + hd + j) / 2u];
     const vec2 wa = w[j / 2u], wb = w[(hd + j) / 2u];
@@ -86,3 +152,4 @@ void main() {
     o[(at + hd + j) / 2u] = packHalf2x16(vec2(round_to_f16(r1.x), round_to_f16(r1.y)));
   }
 }
+#endif

@@ -207,6 +207,11 @@ class Transformer {
   // writes directly (into the fp32 dg / du buffers, which have room for them): both fold their
   // LoRA products, no dropout. Saves writing dg and du in fp32 and copying them.
   bool mlp_backward_f16(size_t layer) const;
+  // Whether layer's q and k backward read their dy as fp16 copies that the q/k norm's backward
+  // writes directly with RoPE's (ops::qk_norm_rope_backward_f16, into the fp32 dq_raw / dk_raw
+  // buffers, which have room for them): Qwen3's q/k norms, both fold their LoRA products, no
+  // dropout. Saves RoPE's backward passes, writing dq_raw and dk_raw in fp32 and copying them.
+  bool qk_backward_f16(size_t layer) const;
   // Whether layer's SwiGLU writes act as the fp16 [T, I + lora_pad_] copy its down projection
   // reads (forward, recomputation and backward alike), into act's fp32 buffer, which has room for
   // it: down folds its LoRA products, no dropout. Saves writing act in fp32 and copying it.

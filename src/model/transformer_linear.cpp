@@ -358,6 +358,11 @@ bool Transformer::down_f16(size_t layer) const {
   return !dropout_on_ && all_fold(layer, kDown) && I % 2 == 0 && I >= lora_pad_;
 }
 
+bool Transformer::qk_backward_f16(size_t layer) const {
+  const uint64_t d = static_cast<uint64_t>(c_.head_dim), nkv = static_cast<uint64_t>(c_.num_kv_heads);
+  return c_.qk_norm && !dropout_on_ && all_fold(layer, kQk) && d % 4 == 0 && nkv * d >= lora_pad_;
+}
+
 bool Transformer::norm_f16(size_t layer, bool mlp) const {
   const uint64_t H = static_cast<uint64_t>(c_.hidden_size);
   return !dropout_on_ && all_fold(layer, mlp ? std::span<const LinearKind>(kMlpInputReaders) : kAttentionInputReaders) &&

@@ -32,6 +32,7 @@ inline ops::GemmShape lora_product(ops::GemmShape s, const char* op) {
 inline constexpr LinearKind kAttentionInputReaders[] = {LinearKind::Q, LinearKind::K, LinearKind::V};
 inline constexpr LinearKind kMlpInputReaders[] = {LinearKind::Gate, LinearKind::Up};
 inline constexpr LinearKind kDown[] = {LinearKind::Down};
+inline constexpr LinearKind kQk[] = {LinearKind::Q, LinearKind::K};
 
 }  // namespace parts
 }  // namespace forja::model

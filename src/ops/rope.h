@@ -32,4 +32,16 @@ void qk_norm_rope_f16(gpu::Context& ctx, const gpu::Buffer& x, const gpu::Buffer
                       const gpu::Buffer& rstd, const gpu::Buffer& positions, const gpu::Buffer& inv_freq,
                       uint32_t tokens, uint32_t heads, uint32_t head_dim, float eps);
 
+// Its backward into the fp16 copy the projection's backward reads (kernels/qk_norm_rope.comp,
+// qk_norm_rope_bwd_f16): out (fp16, rows of `out_ld` halves, a token's heads side by side from its
+// column 0) = fp16(rmsnorm_backward(rope_backward(dy))), from dy fp32 [tokens, heads, head_dim]
+// (the attention's dq or dk), x the norm's input and rstd its forward's, w [head_dim]: the same
+// fp32 operations as rope_backward, rmsnorm_backward (weights frozen, dx written with =) and
+// to_f16_block in turn (the row's dot in another order). Columns [heads * head_dim, out_ld) are
+// not written. head_dim a multiple of 4, out_ld even and at least heads * head_dim.
+void qk_norm_rope_backward_f16(gpu::Context& ctx, const gpu::Buffer& dy, const gpu::Buffer& x, const gpu::Buffer& w,
+                               const gpu::Buffer& rstd, const gpu::Buffer& positions, const gpu::Buffer& inv_freq,
+                               const gpu::Buffer& out, uint32_t out_ld, uint32_t tokens, uint32_t heads,
+                               uint32_t head_dim);
+
 }  // namespace forja::ops

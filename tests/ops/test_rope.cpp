@@ -150,6 +150,44 @@ TEST_F(RopeTest, QkNormRopeF16MatchesNormThenRope) {
   EXPECT_THROW(ops::qk_norm_rope_f16(ctx(), b, b, b, b, gp, b, 2, 1, 6, eps), std::logic_error);  // head_dim % 4
 }
 
+// Its backward into an fp16 block (rows of ld halves, the heads side by side) against the
+// double-precision RoPE backward then rmsnorm backward: each value within an fp16 ulp (plus the
+// fp32 rounding before it), the columns past the heads and everything after untouched; head_dim 4
+// to 128, rows that leave the last workgroup part idle. The references are the ones the
+// finite-difference checks of tests/ops_ref cover.
+TEST_F(RopeTest, QkNormRopeBackwardF16MatchesRopeThenNormBackward) {
+  const double eps = 1e-6;
+  for (Shape s : {Shape{11, 3, 16}, Shape{11, 3, 128}, Shape{1, 1, 4}, Shape{300, 3, 128}, Shape{7, 16, 64},
+                  Shape{5, 7, 96}}) {
+    SCOPED_TRACE(std::to_string(s.tokens) + "x" + std::to_string(s.heads) + "x" + std::to_string(s.head_dim));
+    const size_t rows = size_t(s.tokens) * s.heads, n = rows * s.head_dim;
+    const uint32_t width = s.heads * s.head_dim, ld = width + 6;
+    auto x = random(n), w = random(s.head_dim), dy = random(n);
+    std::vector<double> normed(n), rstd(rows), xd = to_double(x), wd = to_double(w), fd;
+    ref::rmsnorm_forward(normed.data(), rstd.data(), xd.data(), wd.data(), int64_t(rows), s.head_dim, eps);
+    const std::vector<float> rstd32(rstd.begin(), rstd.end());
+    auto pos = positions(s.tokens);
+    auto freq = inv_freq(s.head_dim);
+    fd = to_double(freq);
+    auto gx = upload(x), gw = upload(w), gdy = upload(dy), gr = upload(rstd32), gp = upload(pos), gf = upload(freq);
+    const uint16_t sentinel = 0x7e00;
+    const F16Block block{s.tokens, width, ld};
+    gpu::Buffer gout = ctx().alloc(block.halves() * 2);
+    bufs_.push_back(gout);
+    ctx().upload(gout, std::vector<uint16_t>(block.halves(), sentinel));
+    ops::qk_norm_rope_backward_f16(ctx(), gdy, gx, gw, gr, gp, gf, gout, ld, s.tokens, s.heads, s.head_dim);
+    std::vector<double> g(n), want(n), dyd = to_double(dy), rstd_used(rstd32.begin(), rstd32.end());
+    ref::rope_backward(g.data(), dyd.data(), pos.data(), fd.data(), s.tokens, s.heads, s.head_dim);
+    ref::rmsnorm_backward(want.data(), g.data(), xd.data(), wd.data(), rstd_used.data(), int64_t(rows), s.head_dim);
+    // 2e-5: fp32's error on the rotation's and the norm's cancelling terms at rstd up to ~3
+    expect_f16_block(ctx().download<uint16_t>(gout, block.halves()), block, want, sentinel, 2e-5);
+    EXPECT_EQ(result(gdy, n), dy) << "dy is read only";
+  }
+  auto b = upload(std::vector<float>(64)), gp = upload(std::vector<int32_t>(2));
+  EXPECT_THROW(ops::qk_norm_rope_backward_f16(ctx(), b, b, b, b, gp, b, b, 6, 2, 1, 6), std::logic_error);  // head_dim % 4
+  EXPECT_THROW(ops::qk_norm_rope_backward_f16(ctx(), b, b, b, b, gp, b, b, 6, 2, 1, 8), std::logic_error);  // ld < 8
+}
+
 TEST_F(RopeTest, RejectsOddHeadDim) {
   auto gx = upload(std::vector<float>(30)), gp = upload(std::vector<int32_t>(2)), gf = upload(std::vector<float>(4));
   EXPECT_THROW(ops::rope_forward(ctx(), gx, gp, gf, 2, 3, 5), std::logic_error);

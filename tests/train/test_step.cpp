@@ -301,18 +301,21 @@ TEST_F(TrainStep, KeptLoraInputsMatchTheRecomputation) {
 // engine without the fold (no fp16 input copies: the LoRA updates as separate products) the loss
 // and gradients agree to fp16 rounding at ranks where every group fits (4), where q/k/v does not
 // and gate/up does (24), and where neither does (48); a factor in the wrong columns is far off.
+// The example model's default shape (kv heads x head_dim = 64, the fold's pad) also takes the
+// q/k norms' backward straight into q's and k's fp16 copies (Transformer::qk_backward_f16).
 TEST_F(TrainStep, FoldedLoraMatchesTheUnfoldedAtEveryRank) {
-  const io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(dir_);
-  const model::TokenBatch b = random_batch(2, 20, 17);
-  model::BaseWeightOptions bo;
-  bo.dense_dtype = model::dense_dtype_for(model::Precision::mixed);
-  model::BaseWeights base = model::load_base_weights(ctx(), ck, config_, bo);
-  for (int64_t rank : {4, 24, 48}) {
-    SCOPED_TRACE("rank " + std::to_string(rank));
+  auto compare = [&](const fs::path& dir, const model::ModelConfig& config, int64_t rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank) + ", kv heads x head_dim " +
+                 std::to_string(config.num_kv_heads * config.head_dim));
+    const io::SafetensorsCheckpoint ck = io::SafetensorsCheckpoint::open(dir);
+    const model::TokenBatch b = random_batch(2, 20, 17);
+    model::BaseWeightOptions bo;
+    bo.dense_dtype = model::dense_dtype_for(model::Precision::mixed);
+    model::BaseWeights base = model::load_base_weights(ctx(), ck, config, bo);
     model::LoraSettings ls = lora_->settings();
     ls.rank = rank;
     ls.alpha = 2.0 * double(rank);
-    model::LoraSet lora(ctx(), config_, ls);
+    model::LoraSet lora(ctx(), config, ls);
     std::mt19937 rng(9);
     std::normal_distribution<float> normal(0.0f, 0.05f);
     std::vector<float> p(lora.parameter_count());
@@ -337,8 +340,15 @@ TEST_F(TrainStep, FoldedLoraMatchesTheUnfoldedAtEveryRank) {
     }
     EXPECT_GT(largest, 0.0);
     EXPECT_LE(worst, 1e-2 * largest) << "largest gradient " << largest;
-  }
-  model::free_base_weights(ctx(), base);
+    model::free_base_weights(ctx(), base);
+  };
+  for (int64_t rank : {4, 24, 48}) compare(dir_, config_, rank);
+  const fs::path wide = dir_.string() + "_wide";
+  train::write_example_model(wide, 12);  // the default shape: 2 kv heads x 32
+  const model::ModelConfig wide_config = model::load_model_config(wide);
+  ASSERT_GE(wide_config.num_kv_heads * wide_config.head_dim, 64);
+  compare(wide, wide_config, 16);
+  fs::remove_all(wide);
 }
 
 }  // namespace
