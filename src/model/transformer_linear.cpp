@@ -359,8 +359,11 @@ bool Transformer::down_f16(size_t layer) const {
 }
 
 bool Transformer::qk_backward_f16(size_t layer) const {
+  // FORJA_QK_BACKWARD_F16=0: RoPE's and the norms' backward as separate fp32 passes and the
+  // copies after them, for measuring the difference (read once)
+  static const bool on = gpu::env_flag_default_on("FORJA_QK_BACKWARD_F16");
   const uint64_t d = static_cast<uint64_t>(c_.head_dim), nkv = static_cast<uint64_t>(c_.num_kv_heads);
-  return c_.qk_norm && !dropout_on_ && all_fold(layer, kQk) && d % 4 == 0 && nkv * d >= lora_pad_;
+  return on && c_.qk_norm && !dropout_on_ && all_fold(layer, kQk) && d % 4 == 0 && nkv * d >= lora_pad_;
 }
 
 bool Transformer::norm_f16(size_t layer, bool mlp) const {
