@@ -444,25 +444,22 @@ void Transformer::layer_backward(size_t i, const gpu::Buffer& x_in, LayerActs& a
     ops::attention_backward(ctx_, a.q, a.k, a.v, segments_, a.att, a.lse, g.datt, g.dq, g.dk, g.dv, batch_, seq_, nh,
                             nkv, d, scale);
   }
-  gpu::Buffer dq = g.dq, dk = g.dk;
+  // dq and dk through RoPE's backward (and Qwen3's q/k norms'): in one pass straight into the fp16
+  // copies q's and k's folded backward read, or in fp32 passes
   const bool qk16 = qk_backward_f16(i);
+  gpu::Buffer dq = c_.qk_norm ? g.dq_raw : g.dq, dk = c_.qk_norm ? g.dk_raw : g.dk;
   if (qk16) {
-    // RoPE's and the norms' backward straight into the fp16 copies q's and k's folded backward read
-    ops::qk_norm_rope_backward_f16(ctx_, g.dq, a.q_raw, L.q_norm, a.rstd_q, positions_, base_.inv_freq, g.dq_raw,
+    ops::qk_norm_rope_backward_f16(ctx_, g.dq, a.q_raw, L.q_norm, a.rstd_q, positions_, base_.inv_freq, dq,
                                    nh * d + lora_pad_, T, nh, d);
-    ops::qk_norm_rope_backward_f16(ctx_, g.dk, a.k_raw, L.k_norm, a.rstd_k, positions_, base_.inv_freq, g.dk_raw,
+    ops::qk_norm_rope_backward_f16(ctx_, g.dk, a.k_raw, L.k_norm, a.rstd_k, positions_, base_.inv_freq, dk,
                                    nkv * d + lora_pad_, T, nkv, d);
-    dq = g.dq_raw;
-    dk = g.dk_raw;
   } else {
     ops::rope_backward(ctx_, g.dq, positions_, base_.inv_freq, T, nh, d);
     ops::rope_backward(ctx_, g.dk, positions_, base_.inv_freq, T, nkv, d);
-  }
-  if (c_.qk_norm && !qk16) {
-    ops::rmsnorm_backward(ctx_, g.dq, a.q_raw, L.q_norm, DType::f32, a.rstd_q, g.dq_raw, T * nh, d, false);
-    ops::rmsnorm_backward(ctx_, g.dk, a.k_raw, L.k_norm, DType::f32, a.rstd_k, g.dk_raw, T * nkv, d, false);
-    dq = g.dq_raw;
-    dk = g.dk_raw;
+    if (c_.qk_norm) {
+      ops::rmsnorm_backward(ctx_, g.dq, a.q_raw, L.q_norm, DType::f32, a.rstd_q, dq, T * nh, d, false);
+      ops::rmsnorm_backward(ctx_, g.dk, a.k_raw, L.k_norm, DType::f32, a.rstd_k, dk, T * nkv, d, false);
+    }
   }
   const uint32_t qkv = lora_group(i, {K::Q, K::K, K::V});
   linear_backward(i, K::Q, a.h1, t, dq, g.dh, false, qkv > 0, qk16, h1_f16);
