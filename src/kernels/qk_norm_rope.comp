@@ -69,13 +69,30 @@ float row_sum(float v) {
   return red[t - lane];
 }
 
-#ifdef BACKWARD
-// sin and cos of the angles of columns j and j + 1 of `token`'s row.
+// sin and cos of the angles of columns j and j + 1 at position p (the fp32 angle as rope.comp's).
 void angles(float p, uint j, out vec2 sn, out vec2 cs) {
   precise float angle0 = p * inv_freq[j];
   precise float angle1 = p * inv_freq[j + 1u];
   sincos_accurate(angle0, sn.x, cs.x);
   sincos_accurate(angle1, sn.y, cs.y);
+}
+
+// Columns j, j + 1 (r0) and j + d/2, j + d/2 + 1 (r1) of the fp16 row at `at`, rounded to nearest even.
+void put_f16(uint at, uint j, uint hd, vec2 r0, vec2 r1) {
+  o[(at + j) / 2u] = packHalf2x16(vec2(round_to_f16(r0.x), round_to_f16(r0.y)));
+  o[(at + hd + j) / 2u] = packHalf2x16(vec2(round_to_f16(r1.x), round_to_f16(r1.y)));
+}
+
+#ifdef BACKWARD
+// g = rope^T(dy) at columns j, j + 1 (g0) and their partners (g1) of the row at gb, with
+// rope_backward's operations (x0 c - x1 (-s), x1 c + x0 (-s)). Both passes recompute it: a
+// memory-bound kernel, and the pairs per invocation are not known at compile time.
+void rope_grad(float p, uint j, uint gb, uint hd, out vec2 g0, out vec2 g1) {
+  vec2 sn, cs;
+  angles(p, j, sn, cs);
+  const vec2 d0 = dy[(gb + j) / 2u], d1 = dy[(gb + hd + j) / 2u];
+  g0 = d0 * cs - d1 * (-sn);
+  g1 = d1 * cs + d0 * (-sn);
 }
 
 void main() {
@@ -89,13 +106,10 @@ void main() {
   const uint xb = pc.first_x + (live ? row : 0u) * d, gb = pc.first_dy + (live ? row : 0u) * d;  // even
   const uint token = (live ? row : 0u) / pc.heads;
   const float p = float(pos[pc.first_pos + token]);
-  // g = rope^T(dy) (rope_backward's operations: x0 c - x1 (-s), x1 c + x0 (-s)), and sum(g w x)
-  float dot = 0.0;
+  float dot = 0.0;  // sum(g w x)
   for (uint j = 2u * lane; j < end; j += 2u * LANES) {
-    vec2 sn, cs;
-    angles(p, j, sn, cs);
-    const vec2 d0 = dy[(gb + j) / 2u], d1 = dy[(gb + hd + j) / 2u];
-    const vec2 g0 = d0 * cs - d1 * (-sn), g1 = d1 * cs + d0 * (-sn);
+    vec2 g0, g1;
+    rope_grad(p, j, gb, hd, g0, g1);
     const vec2 x0 = x[(xb + j) / 2u], x1 = x[(xb + hd + j) / 2u];
     const vec2 t0 = g0 * w[j / 2u] * x0, t1 = g1 * w[(hd + j) / 2u] * x1;
     dot += t0.x + t0.y + t1.x + t1.y;
@@ -105,14 +119,10 @@ void main() {
   if (!live) return;
   const uint at = pc.first_out + token * pc.ld_out + (row - token * pc.heads) * d;
   for (uint j = 2u * lane; j < hd; j += 2u * LANES) {
-    vec2 sn, cs;
-    angles(p, j, sn, cs);
-    const vec2 d0 = dy[(gb + j) / 2u], d1 = dy[(gb + hd + j) / 2u];
-    const vec2 g0 = d0 * cs - d1 * (-sn), g1 = d1 * cs + d0 * (-sn);
+    vec2 g0, g1;
+    rope_grad(p, j, gb, hd, g0, g1);
     const vec2 x0 = x[(xb + j) / 2u], x1 = x[(xb + hd + j) / 2u];
-    const vec2 r0 = s * w[j / 2u] * g0 - k * x0, r1 = s * w[(hd + j) / 2u] * g1 - k * x1;
-    o[(at + j) / 2u] = packHalf2x16(vec2(round_to_f16(r0.x), round_to_f16(r0.y)));
-    o[(at + hd + j) / 2u] = packHalf2x16(vec2(round_to_f16(r1.x), round_to_f16(r1.y)));
+    put_f16(at, j, hd, s * w[j / 2u] * g0 - k * x0, s * w[(hd + j) / 2u] * g1 - k * x1);
   }
 }
 #else
@@ -143,13 +153,8 @@ void main() {
     const vec2 wa = w[j / 2u], wb = w[(hd + j) / 2u];
     const vec2 y0 = wa * (a * s), y1 = wb * (b * s);
     vec2 sn, cs;
-    precise float angle0 = p * inv_freq[j];
-    precise float angle1 = p * inv_freq[j + 1u];
-    sincos_accurate(angle0, sn.x, cs.x);
-    sincos_accurate(angle1, sn.y, cs.y);
-    const vec2 r0 = y0 * cs - y1 * sn, r1 = y1 * cs + y0 * sn;
-    o[(at + j) / 2u] = packHalf2x16(vec2(round_to_f16(r0.x), round_to_f16(r0.y)));
-    o[(at + hd + j) / 2u] = packHalf2x16(vec2(round_to_f16(r1.x), round_to_f16(r1.y)));
+    angles(p, j, sn, cs);
+    put_f16(at, j, hd, y0 * cs - y1 * sn, y1 * cs + y0 * sn);
   }
 }
 #endif

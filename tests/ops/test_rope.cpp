@@ -120,13 +120,15 @@ TEST_F(RopeTest, SplitsAtTheBindingLimit) {
       << "write past the end";
 }
 
+// The q/k norm kernels' shapes: head_dim 4 to 128, rows that leave the last workgroup part idle.
+const Shape kQkNormShapes[] = {{11, 3, 16}, {11, 3, 128}, {1, 1, 4}, {300, 3, 128}, {7, 16, 64}, {5, 7, 96}};
+
 // Qwen3's q/k norm, RoPE and fp16 rounding in one pass against the double-precision rmsnorm then
 // RoPE: each value within an fp16 ulp (plus the fp32 rounding before it), rstd to 1e-5, nothing
 // written past the outputs; head_dim 4 to 128, rows that leave the last workgroup part idle.
 TEST_F(RopeTest, QkNormRopeF16MatchesNormThenRope) {
   const float eps = 1e-6f;
-  for (Shape s : {Shape{11, 3, 16}, Shape{11, 3, 128}, Shape{1, 1, 4}, Shape{300, 3, 128}, Shape{7, 16, 64},
-                  Shape{5, 7, 96}}) {
+  for (Shape s : kQkNormShapes) {
     SCOPED_TRACE(std::to_string(s.tokens) + "x" + std::to_string(s.heads) + "x" + std::to_string(s.head_dim));
     const size_t rows = size_t(s.tokens) * s.heads, n = rows * s.head_dim;
     auto x = random(n), w = random(s.head_dim);
@@ -157,8 +159,7 @@ TEST_F(RopeTest, QkNormRopeF16MatchesNormThenRope) {
 // finite-difference checks of tests/ops_ref cover.
 TEST_F(RopeTest, QkNormRopeBackwardF16MatchesRopeThenNormBackward) {
   const double eps = 1e-6;
-  for (Shape s : {Shape{11, 3, 16}, Shape{11, 3, 128}, Shape{1, 1, 4}, Shape{300, 3, 128}, Shape{7, 16, 64},
-                  Shape{5, 7, 96}}) {
+  for (Shape s : kQkNormShapes) {
     SCOPED_TRACE(std::to_string(s.tokens) + "x" + std::to_string(s.heads) + "x" + std::to_string(s.head_dim));
     const size_t rows = size_t(s.tokens) * s.heads, n = rows * s.head_dim;
     const uint32_t width = s.heads * s.head_dim, ld = width + 6;
