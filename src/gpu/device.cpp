@@ -590,7 +590,9 @@ Device::Device(std::shared_ptr<Instance> instance, uint32_t index)
     tail = &fkhr.pNext;
   }
   // The compiler's statistics only when asked for: capturing them may cost pipeline creation time.
-  const bool pipeline_stats = info_.pipeline_executable_info && env_flag("FORJA_PIPELINE_STATS");
+  const char* ir_dir = std::getenv("FORJA_PIPELINE_IR");
+  const bool want_ir = ir_dir && *ir_dir;
+  const bool pipeline_stats = info_.pipeline_executable_info && (env_flag("FORJA_PIPELINE_STATS") || want_ir);
   VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR fpe{
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR};
   if (pipeline_stats) {
@@ -626,8 +628,13 @@ Device::Device(std::shared_ptr<Instance> instance, uint32_t index)
     get_pipeline_statistics = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
         vkGetDeviceProcAddr(device_, "vkGetPipelineExecutableStatisticsKHR"));
     if (!get_pipeline_executables || !get_pipeline_statistics) get_pipeline_executables = nullptr;
-  } else if (env_flag("FORJA_PIPELINE_STATS")) {
-    std::fprintf(stderr, "forja: FORJA_PIPELINE_STATS: %s does not offer VK_KHR_pipeline_executable_properties\n",
+    if (want_ir && get_pipeline_executables) {
+      get_pipeline_representations = reinterpret_cast<PFN_vkGetPipelineExecutableInternalRepresentationsKHR>(
+          vkGetDeviceProcAddr(device_, "vkGetPipelineExecutableInternalRepresentationsKHR"));
+      if (get_pipeline_representations) pipeline_ir_dir = ir_dir;
+    }
+  } else if (env_flag("FORJA_PIPELINE_STATS") || want_ir) {
+    std::fprintf(stderr, "forja: FORJA_PIPELINE_STATS/_IR: %s does not offer VK_KHR_pipeline_executable_properties\n",
                  info_.name.c_str());
   }
 }

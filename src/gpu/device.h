@@ -153,6 +153,10 @@ class Device {
   // (gpu/pipeline.cpp prints them) and the driver offers them.
   PFN_vkGetPipelineExecutablePropertiesKHR get_pipeline_executables = nullptr;
   PFN_vkGetPipelineExecutableStatisticsKHR get_pipeline_statistics = nullptr;
+  // Set when FORJA_PIPELINE_IR names a folder: the driver's internal representations of every
+  // pipeline (e.g. its assembly) are written there, one file each (gpu/pipeline.cpp).
+  PFN_vkGetPipelineExecutableInternalRepresentationsKHR get_pipeline_representations = nullptr;
+  std::string pipeline_ir_dir;
 
  private:
   std::shared_ptr<Instance> instance_;

@@ -1,5 +1,6 @@
 #include "gpu/pipeline.h"
 
+#include <cctype>
 #include <cinttypes>
 #include <cstdio>
 #include <stdexcept>
@@ -45,6 +46,50 @@ void print_statistics(const Device& device, VkPipeline pipeline, const std::stri
                        std::to_string(exes[i].subgroupSize) + "]:";
     for (const auto& s : stats) line += std::string(" ") + s.name + "=" + statistic_value(s) + ";";
     std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
+// Every text internal representation of `pipeline` (FORJA_PIPELINE_IR) as
+// <dir>/<key>.<executable>.<representation>.txt, names reduced to [A-Za-z0-9_,.-].
+void write_representations(const Device& device, VkPipeline pipeline, const std::string& key) {
+  auto clean = [](std::string s) {
+    for (char& c : s)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != ',' && c != '.' && c != '-') c = '_';
+    return s;
+  };
+  VkPipelineInfoKHR pi{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
+  pi.pipeline = pipeline;
+  uint32_t n = 0;
+  if (device.get_pipeline_executables(device.handle(), &pi, &n, nullptr) != VK_SUCCESS) return;
+  std::vector<VkPipelineExecutablePropertiesKHR> exes(n, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR});
+  device.get_pipeline_executables(device.handle(), &pi, &n, exes.data());
+  for (uint32_t i = 0; i < n; ++i) {
+    VkPipelineExecutableInfoKHR ei{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR};
+    ei.pipeline = pipeline;
+    ei.executableIndex = i;
+    uint32_t m = 0;
+    if (device.get_pipeline_representations(device.handle(), &ei, &m, nullptr) != VK_SUCCESS) continue;
+    std::vector<VkPipelineExecutableInternalRepresentationKHR> reps(
+        m, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INTERNAL_REPRESENTATION_KHR});
+    if (device.get_pipeline_representations(device.handle(), &ei, &m, reps.data()) != VK_SUCCESS) continue;
+    std::vector<std::vector<char>> data(m);
+    for (uint32_t r = 0; r < m; ++r) {
+      data[r].resize(reps[r].dataSize);
+      reps[r].pData = data[r].data();
+    }
+    device.get_pipeline_representations(device.handle(), &ei, &m, reps.data());
+    for (uint32_t r = 0; r < m; ++r) {
+      const std::string path = device.pipeline_ir_dir + "/" + clean(key) + "." + clean(exes[i].name) + "." +
+                               clean(reps[r].name) + (reps[r].isText ? ".txt" : ".bin");
+      if (std::FILE* f = std::fopen(path.c_str(), "wb")) {
+        std::size_t size = reps[r].dataSize;
+        if (reps[r].isText && size > 0 && data[r][size - 1] == '\0') --size;
+        std::fwrite(data[r].data(), 1, size, f);
+        std::fclose(f);
+      } else {
+        std::fprintf(stderr, "forja: FORJA_PIPELINE_IR: cannot write %s\n", path.c_str());
+      }
+    }
   }
 }
 
@@ -139,8 +184,10 @@ const Pipeline& PipelineCache::get(const kernels::Kernel& kernel, const std::vec
     if (info.compute_full_subgroups) ci.stage.flags |= VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT;
   }
   if (device_->get_pipeline_executables) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
+  if (device_->get_pipeline_representations) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_INTERNAL_REPRESENTATIONS_BIT_KHR;
   VK_CHECK(vkCreateComputePipelines(device_->handle(), VK_NULL_HANDLE, 1, &ci, nullptr, &p->pipeline));
   if (device_->get_pipeline_executables) print_statistics(*device_, p->pipeline, key);
+  if (device_->get_pipeline_representations) write_representations(*device_, p->pipeline, key);
   const Pipeline& ref = *p;
   pipelines_[key] = std::move(p);
   return ref;
