@@ -34,10 +34,24 @@
 // ROW_SHIFT, 5 COL_SHIFT (the accumulator's element order, as flash_forward_khr.comp), 6 PAIRED
 // (each workgroup takes two row tiles, as the forward's). The _emu
 // variants: the same without cooperative matrices (flash_khr_common.glsl), WARPS 1.
+//
+// dS through memory (the _ds variants, AttentionGemmOptions::dq_from_ds): the DKV kernel also
+// writes dS (fp16, as the products read it) for every pair it visits, and DQ then reads it
+// instead of recomputing S, dP and dS: 5 products per visible pair instead of 7, for a write and
+// a read of S^2 / 2 halves per head. dS of one (sequence, query head) is kept by blocks of G =
+// max(keys, queries of the DKV kernel's tiles) queries, block t's rows holding keys [0, (t + 1) G)
+// (ds_row): every pair the DKV kernel visits falls inside, the causal half of the matrix and a
+// little. DQ reads a pair only where the DKV kernel visited it (the same segment ranges decide),
+// and the DKV kernel writes zeros for the fragments of a visited pair it skips (keys after all
+// of the tile's queries).
 //! variant flash_bwd_dq_khr -DDQ requires=nv_coopmat2
 //! variant flash_bwd_dkv_khr -DDKV requires=nv_coopmat2
 //! variant flash_bwd_dq_khr_emu -DDQ -DEMULATE
 //! variant flash_bwd_dkv_khr_emu -DDKV -DEMULATE
+//! variant flash_bwd_dq_ds_khr -DDQ -DFROM_DS requires=nv_coopmat2
+//! variant flash_bwd_dkv_ds_khr -DDKV -DSTORE_DS requires=nv_coopmat2
+//! variant flash_bwd_dq_ds_khr_emu -DDQ -DFROM_DS -DEMULATE
+//! variant flash_bwd_dkv_ds_khr_emu -DDKV -DSTORE_DS -DEMULATE
 #extension GL_GOOGLE_include_directive : enable
 #include "flash_khr_extensions.glsl"
 
@@ -51,6 +65,9 @@ layout(constant_id = 5) const uint COL_SHIFT = 1;
 // alone: the causal mask gives the dq tiles work growing with w and the dk/dv tiles work shrinking
 // with w, so the pairs all cost the same (flash_forward_khr.comp's PAIRED).
 layout(constant_id = 6) const bool PAIRED = false;
+// The _ds variants: the DKV kernel's query tile (the DQ kernel's key tile BT is the DKV kernel's
+// keys per workgroup).
+layout(constant_id = 7) const uint DS_QUERIES = 32;
 
 layout(push_constant) uniform PC {
   uint seq, n_heads, n_kv_heads, head_dim;
@@ -71,6 +88,15 @@ layout(set = 0, binding = 7) writeonly buffer Out { float o[]; };    // dq or dk
 #if defined(DKV)
 layout(set = 0, binding = 8) writeonly buffer Out2 { float o2[]; };  // dv
 #endif
+#if defined(FROM_DS) && defined(EMULATE)
+layout(set = 0, binding = 8) readonly buffer DS { uvec4 ds8[]; };  // dS fp16, 8 halves per uvec4
+#elif defined(FROM_DS)
+layout(set = 0, binding = 8) readonly buffer DS { uvec4 ds8[]; };
+#elif defined(STORE_DS) && defined(EMULATE)
+layout(set = 0, binding = 9) writeonly buffer DS { uint ds2[]; };  // dS fp16, 2 halves per uint
+#elif defined(STORE_DS)
+layout(set = 0, binding = 9) writeonly buffer DS { uvec4 ds8[]; };
+#endif
 
 #define LOG2E 1.4426950408889634
 
@@ -81,7 +107,12 @@ const uint NF = BT / 16u;       // fragments across a tile
 const uint CH = HD / 8u;        // uvec4 chunks (8 halves) per staged row
 const uint LD = CH + 1u;        // staged row stride in uvec4: one chunk of padding against bank conflicts
 const uint TILE = BT * LD;
-#if defined(DQ)
+#if defined(FROM_DS)
+const uint G = BT > DS_QUERIES ? BT : DS_QUERIES;  // dS's block of queries
+const uint DLD = BT / 8u + 1u;  // staged dS row stride in uvec4
+const uint DS_AT = TILE;        // the workgroup's rows of dS for the key tile, after K
+const uint SH_SIZE = TILE + ROWS * DLD;
+#elif defined(DQ)
 const uint OWN = 0u;  // the workgroup's own rows are staged before the loop, where the tiles go
 const uint SH_SIZE = 2u * TILE > ROWS * LD ? 2u * TILE : ROWS * LD;
 #else
@@ -97,6 +128,39 @@ shared float sdrow[BT];  // and its D
 #endif
 
 #include "flash_khr_common.glsl"
+
+#if defined(STORE_DS)
+const uint G = ROWS > BT ? ROWS : BT;  // dS's block of queries
+#endif
+#if defined(FROM_DS) || defined(STORE_DS)
+// dS of one (sequence, query head): the halves it takes, and the start of query q's row (which
+// holds keys [0, ds_row_len(q))).
+uint ds_head_size() {
+  const uint t = (pc.seq + G - 1u) / G;
+  return G * G * (t * (t + 1u) / 2u);
+}
+uint ds_row_len(uint q) { return (q / G + 1u) * G; }
+uint ds_row(uint q) {
+  const uint t = q / G;
+  return G * G * (t * (t + 1u) / 2u) + (q % G) * (t + 1u) * G;
+}
+#endif
+#if defined(STORE_DS) && defined(EMULATE)
+// The 16x16 fp16 matrix m (this lane's elements) written column-major at ds halves [at...], columns
+// ld halves apart (at and ld even): through shared memory, two halves of a column per uint.
+void emu_store_ds(float[8] m, uint at, uint ld) {
+  for (uint i = 0u; i < 8u; ++i) emu_a[lane_row(LANE, i) * 16u + lane_col(LANE, i)] = m[i];
+  barrier();
+  for (uint u = LANE; u < 128u; u += 32u) {
+    const uint c = u / 8u, r = 2u * (u % 8u);
+    ds2[(at + c * ld) / 2u + u % 8u] = packHalf2x16(vec2(emu_a[r * 16u + c], emu_a[(r + 1u) * 16u + c]));
+  }
+  barrier();
+}
+#define STORE_DS_FRAG(m, at, ld) emu_store_ds(m, at, ld)
+#elif defined(STORE_DS)
+#define STORE_DS_FRAG(m, at, ld) coopMatStore(m, ds8, (at) / 8u, (ld) / 8u, COL_MAJOR)
+#endif
 
 // Row tile wt (queries for DQ, keys for DKV) of gl_WorkGroupID.y's head(s), sequence
 // gl_WorkGroupID.z.
@@ -118,7 +182,47 @@ void row_tile(const uint wt) {
   FRAG_C acc[HF];
   UNROLL for (uint f = 0u; f < HF; ++f) acc[f] = C_ZERO;
 
-#if defined(DQ)
+#if defined(FROM_DS)
+  // ---- dq from the dS the DKV kernel wrote: rows are queries of head h ------------------------
+  const uint h = gl_WorkGroupID.y, g = h / rep;
+  const uint k_first = (tok0 * nkv + g) * d;
+  const uint ds_head = (b * nh + h) * ds_head_size();
+  // The DKV kernel's query tile that holds this subgroup's rows, and its segment range.
+  const uint qt0 = rw / DS_QUERIES * DS_QUERIES;
+  int tlo, thi;
+  bool tgap;
+  segment_range(sbase, qt0, DS_QUERIES, tlo, thi, tgap);
+  const uint r_end = min(pc.seq, r0 + ROWS);
+  const uint tiles = (r_end + BT - 1u) / BT;
+  for (uint j = 0u; j < tiles; ++j) {
+    const uint c0 = j * BT;  // the key tile's first key: the DKV kernel's workgroup tile
+    int clo, chi;
+    bool cgap;
+    segment_range(sbase, c0, BT, clo, chi, cgap);
+    if (chi < rlo || clo > rhi) continue;  // no visible pair (the same decision in every subgroup)
+    barrier();                             // every subgroup is done with the previous tile
+    STAGE(k8, 0u, c0, BT, k_first, nkv * d);
+    // The workgroup's rows of dS for these keys (zero where a row's block ends before them).
+    for (uint x = gl_LocalInvocationIndex; x < ROWS * (BT / 8u); x += NT) {
+      const uint r = x / (BT / 8u), c = x % (BT / 8u), qi = r0 + r;
+      sh[DS_AT + r * DLD + c] = c0 + BT <= ds_row_len(qi) ? ds8[(ds_head + ds_row(qi) + c0) / 8u + c] : uvec4(0u);
+    }
+    barrier();
+    if (c0 > rw + 15u) continue;           // every key of the tile is after this subgroup's last query
+    if (chi < tlo || clo > thi) continue;  // the DKV kernel skipped this pair: its dS is not there
+    FRAG_A dsa[NF];
+    UNROLL for (uint n = 0u; n < NF; ++n) LOAD_LD(dsa[n], DS_AT + warp * 16u * DLD + 2u * n, DLD, ROW_MAJOR);
+    UNROLL for (uint f = 0u; f < HF; ++f) {
+      UNROLL for (uint n = 0u; n < NF; ++n) {
+        FRAG_B kb;
+        LOAD(kb, n * 16u * LD + 2u * f, ROW_MAJOR);
+        acc[f] = MMA(dsa[n], kb, acc[f]);
+      }
+    }
+  }
+  const uint out_first = pc.out_off + (tok0 * nh + h) * d, out_ld = nh * d;
+
+#elif defined(DQ)
   // ---- dq: rows are queries of head h -------------------------------------------------------
   const uint h = gl_WorkGroupID.y, g = h / rep;
   const uint q_first = (tok0 * nh + h) * d, k_first = (tok0 * nkv + g) * d;
@@ -232,7 +336,16 @@ void row_tile(const uint wt) {
         sdrow[c] = inside ? drow[pc.drow_off + stat + c0 + c] : 0.0;
       }
       barrier();
-      if (c0 + BT <= rw) continue;  // every query of the tile is before this subgroup's first key
+#if defined(STORE_DS)
+      const uint ds_head = (b * nh + h) * ds_head_size();
+#endif
+      if (c0 + BT <= rw) {  // every query of the tile is before this subgroup's first key
+#if defined(STORE_DS)
+        const FRAG_A zero = A_ZERO;
+        UNROLL for (uint n = 0u; n < NF; ++n) STORE_DS_FRAG(zero, ds_head + ds_row(c0 + n * 16u) + rw, ds_row_len(c0 + n * 16u));
+#endif
+        continue;
+      }
       const bool full = !rgap && !cgap && rlo == rhi && clo == chi && rlo == clo && c0 >= rw + 15u;
 
       // S^T = k Q^T and dP^T = v dout^T: Q and dout are staged [query][d], so Q^T and dout^T are
@@ -273,6 +386,10 @@ void row_tile(const uint wt) {
         pa[n] = TO_A(s[n]);
         dsa[n] = TO_A(dp[n]);
       }
+#if defined(STORE_DS)
+      // dS^T's fragment n (this subgroup's 16 keys x queries c0 + 16 n...) as rows of dS.
+      UNROLL for (uint n = 0u; n < NF; ++n) STORE_DS_FRAG(dsa[n], ds_head + ds_row(c0 + n * 16u) + rw, ds_row_len(c0 + n * 16u));
+#endif
       UNROLL for (uint f = 0u; f < HF; ++f) {
         UNROLL for (uint n = 0u; n < NF; ++n) {
           FRAG_B qb, db;

@@ -26,9 +26,11 @@
 #define FRAG_B float[8]
 #define FRAG_C float[8]
 #define C_ZERO float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+#define A_ZERO C_ZERO
 #define ROW_MAJOR false
 #define COL_MAJOR true
-#define LOAD(m, off, major) m = emu_load(off, major)
+#define LOAD(m, off, major) m = emu_load(off, LD, major)
+#define LOAD_LD(m, off, ld, major) m = emu_load(off, ld, major)
 #define MMA(a, b, c) emu_mma(a, b, c)
 #define TO_A(x) emu_round_f16(x)
 #define SHUFFLE_XOR(x, mask) emu_shuffle_xor(x, mask)
@@ -40,10 +42,12 @@
 #define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
 #define FRAG_C coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 #define C_ZERO FRAG_C(0.0)
+#define A_ZERO FRAG_A(0.0)
 #define ROW_MAJOR gl_CooperativeMatrixLayoutRowMajor
 #define COL_MAJOR gl_CooperativeMatrixLayoutColumnMajor
 // A 16x16 fp16 fragment from sh[off...]: row-major rows (column-major columns) of LD chunks.
 #define LOAD(m, off, major) coopMatLoad(m, sh, off, LD, major)
+#define LOAD_LD(m, off, ld, major) coopMatLoad(m, sh, off, ld, major)
 #define MMA(a, b, c) coopMatMulAdd(a, b, c)
 #define TO_A(x) FRAG_A(x)  // NV cooperative matrix 2: accumulator to A, rounded to fp16
 #define SHUFFLE_XOR(x, mask) subgroupShuffleXor(x, mask)
@@ -85,13 +89,14 @@ void segment_range(uint sbase, uint first, uint count, out int lo, out int hi, o
 #if defined(EMULATE)
 shared float emu_a[256], emu_b[256], emu_x[32];
 
-// The lane's elements of the 16x16 fp16 matrix at sh[off...], stored as LOAD says.
-float[8] emu_load(uint off, bool col_major) {
+// The lane's elements of the 16x16 fp16 matrix at sh[off...] (lines ld chunks apart), stored as
+// LOAD says.
+float[8] emu_load(uint off, uint ld, bool col_major) {
   float[8] m;
   [[dont_unroll]] for (uint i = 0u; i < 8u; ++i) {
     const uint r = lane_row(LANE, i), c = lane_col(LANE, i);
     const uint outer = col_major ? c : r, inner = col_major ? r : c;  // stored line, place in it
-    const uvec4 w = sh[off + outer * LD + inner / 8u];
+    const uvec4 w = sh[off + outer * ld + inner / 8u];
     const vec2 h = unpackHalf2x16(w[(inner % 8u) / 2u]);
     m[i] = inner % 2u == 0u ? h.x : h.y;
   }

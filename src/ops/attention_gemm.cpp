@@ -273,6 +273,28 @@ void check_fused_backward_tiles(const gpu::Context& ctx, const AttentionGemmOpti
   }
 }
 
+// The dq kernel that reads dS: its shared memory (kernels/flash_backward_khr.comp's SH_SIZE with
+// FROM_DS: a key tile of k, the workgroup's rows of dS for it, the segment ids, the emulation's
+// arrays) within the device's.
+void check_fused_dq_ds_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t keys, uint32_t head_dim) {
+  const uint64_t bytes = 16 * (uint64_t(keys) * (head_dim / 8 + 1) + 16ull * warps * (keys / 8 + 1)) + 4ull * keys +
+                         4 * (256 + 256 + 32);
+  if (bytes > ctx.info().max_shared_memory)
+    throw std::invalid_argument("fused attention backward: dq from dS with " + std::to_string(warps) +
+                                " subgroups and key tiles of " + std::to_string(keys) + " needs " +
+                                std::to_string(bytes) + " bytes of shared memory, the device has " +
+                                std::to_string(ctx.info().max_shared_memory));
+}
+
+// Whether the backward of `sequences` in one dispatch takes dq from dS through memory
+// (AttentionGemmOptions::dq_from_ds): asked for, and its dS within a binding and kMaxDsBytes.
+constexpr uint64_t kMaxDsBytes = 2ull << 30;
+bool uses_ds(const gpu::Context& ctx, uint32_t sequences, const Dims& m, const AttentionGemmOptions& o,
+             const AttentionGemmOptions::FusedBackwardTiles& t) {
+  const uint64_t bytes = attention_ds_bytes(sequences, m.seq, m.nh, t);
+  return o.dq_from_ds && bytes <= std::min(kMaxDsBytes, usable_binding_bytes(ctx));
+}
+
 // Sequences [b0, b0 + nb) of an fp16 [tokens, ld] buffer as a binding, its offset in halves.
 Bound bind_f16_rows(const gpu::Context& ctx, const gpu::Buffer& b, uint32_t b0, uint32_t nb, uint32_t seq, uint32_t ld) {
   const uint64_t row_bytes = uint64_t(ld) * 2;
@@ -310,10 +332,23 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
     return ctx.pipelines().get(fs.emulated ? emulation : kernel,
                                {warps * 32, warps, tile, m.d, fs.row_shift, fs.col_shift, t.paired ? 1u : 0u});
   };
-  const gpu::Pipeline& p_dq = pipeline(kernels::flash_bwd_dq_khr, kernels::flash_bwd_dq_khr_emu, dq_warps, t.dq_keys);
-  const gpu::Pipeline& p_dkv = pipeline(kernels::flash_bwd_dkv_khr, kernels::flash_bwd_dkv_khr_emu, kv_warps, t.kv_queries);
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_backward", m);
   const uint32_t group = std::min(per, m.batch);
+  // dq from dS through memory where one dispatch's dS fits (the emulation: one subgroup per
+  // workgroup, as the other kernels)
+  const bool from_ds = uses_ds(ctx, group, m, o, t);
+  const uint32_t ds_warps = fs.emulated ? 1 : o.dq_ds_warps, ds_keys = 16 * kv_warps;
+  if (from_ds) check_fused_dq_ds_tiles(ctx, ds_warps, ds_keys, m.d);
+  const gpu::Pipeline& p_dq =
+      from_ds ? ctx.pipelines().get(fs.emulated ? kernels::flash_bwd_dq_ds_khr_emu : kernels::flash_bwd_dq_ds_khr,
+                                    {ds_warps * 32, ds_warps, ds_keys, m.d, fs.row_shift, fs.col_shift,
+                                     t.paired ? 1u : 0u, t.kv_queries})
+              : pipeline(kernels::flash_bwd_dq_khr, kernels::flash_bwd_dq_khr_emu, dq_warps, t.dq_keys);
+  const gpu::Pipeline& p_dkv =
+      from_ds ? pipeline(kernels::flash_bwd_dkv_ds_khr, kernels::flash_bwd_dkv_ds_khr_emu, kv_warps, t.kv_queries)
+              : pipeline(kernels::flash_bwd_dkv_khr, kernels::flash_bwd_dkv_khr_emu, kv_warps, t.kv_queries);
+  const gpu::Buffer ds =
+      from_ds ? ctx.alloc(attention_ds_bytes(group, m.seq, m.nh, t), "attention dS (fp16)") : gpu::Buffer{};
   if (o.qk_f16 && per < m.batch) throw std::logic_error("attention_gemm_backward: fp16 q and k need one dispatch");
   gpu::Buffer q16 = o.qk_f16 ? q : alloc_f16(ctx, group * m.q_seq(), "attention q fp16");
   gpu::Buffer k16 = o.qk_f16 ? k : alloc_f16(ctx, group * m.kv_seq(), "attention k fp16");
@@ -336,7 +371,8 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
     row_dot(ctx, m, nb, o.out_f16_ld ? bind_f16_rows(ctx, out, b0, nb, m.seq, o.out_f16_ld) : f.out, bdout, bdrow,
             o.out_f16_ld);
     auto run = [&](const gpu::Pipeline& p, const Bound& grad, const Bound* grad_v, uint32_t rows_per_group,
-                   uint32_t heads, uint32_t split, uint32_t part_stride, double products, const char* op) {
+                   uint32_t heads, uint32_t split, uint32_t part_stride, double products, const char* op,
+                   gpu::Access ds_access) {
       const FusedBackwardPush push{m.seq,        m.nh,         m.nkv,       m.d,
                                    scale,        f.segments.offset, f.lse.offset, bdrow.offset,
                                    grad.offset,  grad_v ? grad_v->offset : 0,    split,       part_stride};
@@ -349,12 +385,18 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
                                             {bdrow.buffer, gpu::Access::read},
                                             {grad.buffer, gpu::Access::write}};
       if (grad_v) bindings.push_back({grad_v->buffer, gpu::Access::write});
+      if (from_ds) bindings.push_back({ds, ds_access});
       ctx.dispatch(p, bindings, push, row_groups(m.seq, rows_per_group, t.paired), heads * split, nb, op,
                    products * 2.0 * nb * m.nh * pairs * m.d);
     };
-    // dq: S, dP, dS K; dk and dv: S^T, dP^T, dS^T Q, P^T dout (products per visible pair).
-    run(p_dq, bind_elements(ctx, dq, b0 * m.q_seq(), nb * m.q_seq()), nullptr, dq_warps * 16, m.nh, 1, 0, 3,
-        "attention_fused_backward_dq");
+    // dq: S, dP, dS K, or dS K with dS from the dk/dv kernel, after it; dk and dv: S^T, dP^T,
+    // dS^T Q, P^T dout (products per visible pair).
+    auto run_dq = [&] {
+      run(p_dq, bind_elements(ctx, dq, b0 * m.q_seq(), nb * m.q_seq()), nullptr, (from_ds ? ds_warps : dq_warps) * 16,
+          m.nh, 1, 0, from_ds ? 1 : 3, from_ds ? "attention_fused_backward_dq_ds" : "attention_fused_backward_dq",
+          gpu::Access::read);
+    };
+    if (!from_ds) run_dq();
     const uint64_t kv_elements = nb * m.kv_seq();
     AttentionGemmOptions tiled = o;  // the tiles this call runs (the emulation's one subgroup)
     tiled.fused_backward_tiles = t;
@@ -362,14 +404,14 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
     if (split == 1) {
       const Bound bdv = bind_elements(ctx, dv, b0 * m.kv_seq(), kv_elements);
       run(p_dkv, bind_elements(ctx, dk, b0 * m.kv_seq(), kv_elements), &bdv, kv_warps * 16, m.nkv, 1, 0, 4,
-          "attention_fused_backward_dkv");
+          "attention_fused_backward_dkv", gpu::Access::write);
     } else {
       // Each of the split workgroups of a kv head writes its partial sums; then they are summed.
       const gpu::Buffer dk_parts = ctx.alloc(split * kv_elements * 4, "attention dk partial sums");
       const gpu::Buffer dv_parts = ctx.alloc(split * kv_elements * 4, "attention dv partial sums");
       const Bound bdv{dv_parts, 0};
       run(p_dkv, Bound{dk_parts, 0}, &bdv, kv_warps * 16, m.nkv, split, static_cast<uint32_t>(kv_elements), 4,
-          "attention_fused_backward_dkv");
+          "attention_fused_backward_dkv", gpu::Access::write);
       const uint32_t rows = nb * m.seq, cols = m.nkv * m.d;
       gemm_sum_slices(ctx, dk_parts, split, rows, cols, MatrixView{dk, DType::f32, b0 * m.kv_seq(), cols}, 0.0f,
                       "attention_dkv_sum");
@@ -377,8 +419,10 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
                       "attention_dkv_sum");
       for (const gpu::Buffer& b : {dk_parts, dv_parts}) ctx.free(b);
     }
+    if (from_ds) run_dq();
   }
   for (const gpu::Buffer& b : {v16, do16, drow}) ctx.free(b);
+  if (from_ds) ctx.free(ds);
   if (!o.qk_f16)
     for (const gpu::Buffer& b : {q16, k16}) ctx.free(b);
 }
@@ -447,6 +491,18 @@ void attention_row_dot(gpu::Context& ctx, const gpu::Buffer& out, const gpu::Buf
   }
 }
 
+uint64_t attention_ds_bytes(uint32_t sequences, uint32_t seq, uint32_t n_heads,
+                            const AttentionGemmOptions::FusedBackwardTiles& t) {
+  const uint64_t g = std::max<uint64_t>(16ull * t.kv_warps, t.kv_queries), blocks = (seq + g - 1) / g;
+  const uint64_t halves = uint64_t(sequences) * n_heads * g * g * (blocks * (blocks + 1) / 2);
+  return (halves + 7) / 8 * 16;  // alloc_f16
+}
+
+bool attention_dq_from_ds_default() {
+  static const bool on = gpu::env_flag_default_on("FORJA_ATTENTION_DQ_FROM_DS");
+  return on;
+}
+
 uint64_t attention_fused_scratch_bytes(uint32_t sequences, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,
                                        uint32_t head_dim, bool qk_f16) {
   const Dims m{sequences, seq, n_heads, n_kv_heads, head_dim};
@@ -455,7 +511,9 @@ uint64_t attention_fused_scratch_bytes(uint32_t sequences, uint32_t seq, uint32_
                                  : 2 * f16(sequences * m.q_seq()) + 2 * f16(sequences * m.kv_seq());
   const uint32_t split = attention_dkv_split(sequences, seq, n_heads, n_kv_heads);
   const uint64_t parts = split > 1 ? 2ull * split * sequences * m.kv_seq() * 4 : 0;  // dk's and dv's
-  return copies + sequences * m.stat_seq() * 4 + parts;
+  const AttentionGemmOptions o;
+  const uint64_t ds = attention_ds_bytes(sequences, seq, n_heads, o.fused_backward_tiles);
+  return copies + sequences * m.stat_seq() * 4 + parts + (o.dq_from_ds && ds <= kMaxDsBytes ? ds : 0);
 }
 
 uint32_t attention_dkv_split(uint32_t sequences, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,

@@ -31,6 +31,9 @@ namespace forja::ops {
 // The fused kernels' paired row tiles by default (AttentionGemmOptions' `paired`): on, unless
 // FORJA_ATTENTION_PAIRED=0 (for measuring the training step with and without them in one binary).
 bool attention_paired_default();
+// dq from dS through memory by default (AttentionGemmOptions::dq_from_ds): on, unless
+// FORJA_ATTENTION_DQ_FROM_DS=0.
+bool attention_dq_from_ds_default();
 
 struct AttentionGemmOptions {
   GemmKernel kernel = GemmKernel::automatic;  // for the products (tests pick coopmat_emulated)
@@ -82,6 +85,14 @@ struct AttentionGemmOptions {
   // several workgroups share the query heads (the smallest divisor of heads / kv-heads that
   // reaches the target, else all) and their partial dk and dv are summed after; 0: never.
   uint32_t dkv_split_target = 1024;
+  // dq from dS through memory (kernels/flash_backward_khr.comp's _ds variants): the dk/dv kernel
+  // writes dS (fp16, the causal half of [heads, S, S] by blocks: attention_ds_bytes) and the dq
+  // kernel reads it instead of recomputing S, dP and dS, 5 products per visible pair instead of
+  // 7. Where the dS of one dispatch's sequences fits a binding; dq_ds_warps subgroups of 16
+  // query rows per dq workgroup, against the dk/dv kernel's key tiles.
+  // FORJA_ATTENTION_DQ_FROM_DS=0 turns it off.
+  bool dq_from_ds = attention_dq_from_ds_default();
+  uint32_t dq_ds_warps = 4;
   // q and k hold the fp16 [tokens, heads, d] copies the fused kernels read (ops::qk_norm_rope_f16
   // made them), not fp32: the fused forward and backward only, where attention_gemm_takes_f16_qk.
   bool qk_f16 = false;
@@ -144,9 +155,14 @@ uint32_t attention_gemm_chunk_rows(const gpu::Context& ctx, uint32_t seq, uint32
 uint64_t attention_gemm_scratch_bytes(uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t chunk_rows);
 // The same with the fused kernels (fp16 copies of q, k, v and dout, and D, for `sequences` at once;
 // qk_f16: AttentionGemmOptions::qk_f16, no copies of q and k).
-// With the default options, it includes the dk/dv kernel's partial sums where it splits.
+// With the default options, it includes the dk/dv kernel's partial sums where it splits and
+// the dS it keeps for dq (attention_ds_bytes) where that fits.
 uint64_t attention_fused_scratch_bytes(uint32_t sequences, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,
                                        uint32_t head_dim, bool qk_f16 = false);
+// The dS that the fused backward keeps between its kernels where it takes dq from it
+// (AttentionGemmOptions::dq_from_ds), for `sequences` in one dispatch with the dk/dv tiles `t`.
+uint64_t attention_ds_bytes(uint32_t sequences, uint32_t seq, uint32_t n_heads,
+                            const AttentionGemmOptions::FusedBackwardTiles& t);
 // The workgroups that share each kv head's query heads in the dk/dv kernel for `sequences` in
 // one dispatch (AttentionGemmOptions::dkv_split_target; 1: no split).
 uint32_t attention_dkv_split(uint32_t sequences, uint32_t seq, uint32_t n_heads, uint32_t n_kv_heads,

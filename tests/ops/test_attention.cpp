@@ -55,13 +55,15 @@ struct Impl {
   uint32_t emulated_tile = 32;      // and this tile of keys / queries
   bool forward_prefetch = false;    // the fused forward's prefetch of the next key tile
   bool paired = false;              // the fused kernels' workgroups take two row tiles
+  bool dq_from_ds = true;           // the fused backward's dq from dS through memory
   std::string name() const {
     return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) +
                       (fused_forward ? " fused forward" : "") + (fused_backward ? " fused backward" : "") +
                       (emulated_row_shift ? " emulated, row shift " + std::to_string(emulated_row_shift) +
                                                 ", tile " + std::to_string(emulated_tile)
                                           : "") +
-                      (forward_prefetch ? ", prefetch" : "") + (paired ? ", paired" : "")
+                      (forward_prefetch ? ", prefetch" : "") + (paired ? ", paired" : "") +
+                      (fused_backward && !dq_from_ds ? ", dq recomputed" : "")
                 : "tiled";
   }
   ops::AttentionGemmOptions options() const {
@@ -73,6 +75,7 @@ struct Impl {
     o.emulated_tile = emulated_tile;
     o.fused_forward_tiles.prefetch = forward_prefetch;
     o.fused_forward_tiles.paired = o.fused_backward_tiles.paired = paired;
+    o.dq_from_ds = dq_from_ds;
     return o;
   }
 };
@@ -257,19 +260,22 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
                           {1, 200, 4, 2, 128}, {1, 256, 8, 2, 128}, {3, 33, 2, 2, 32}};
   Impl fused{true, ops::GemmKernel::automatic, 0, true};
   fused.fused_backward = true;
-  for (const bool paired : {false, true}) {
-    fused.paired = paired;
-    for (const Shape& s : shapes) {
-      check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
-      check(s, packed_segments(s, rng_), fused);
+  for (const bool from_ds : {true, false})
+    for (const bool paired : {false, true}) {
+      fused.paired = paired;
+      fused.dq_from_ds = from_ds;
+      for (const Shape& s : shapes) {
+        check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
+        check(s, packed_segments(s, rng_), fused);
+      }
     }
-  }
 }
 
 // The fused kernels' emulation (kernels/flash_khr_common.glsl: the same kernels without
 // cooperative matrices) on any device, lavapipe included: their tiling, masks, online softmax and
 // the backward's recomputation from lse, forward and backward, in both accumulator orders the
-// kernels know; sequences shorter than and beyond the emulation's 16-row and 32-key tiles, head_dim
+// kernels know; dq recomputed (cases 0, 2, 4, 6) or from the dS the dk/dv kernel wrote (1, 3, 5:
+// dS blocks of 16 and 64 queries); sequences shorter than and beyond the emulation's 16-row and 32-key tiles, head_dim
 // 16 to 128, GQA 1 to 6, causal and packed; the forward with and without its prefetch, the row
 // tiles one or two per workgroup (cases 1, 2, 5, 6: odd and even tile counts). Lavapipe
 // compiles each (kernel, head_dim, order) for about 2 s, so few of them are asked for.
@@ -286,6 +292,7 @@ TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
     fused.fused_backward = true;
     fused.forward_prefetch = prefetch = !prefetch;
     fused.paired = index % 4 == 1 || index % 4 == 2;
+    fused.dq_from_ds = index % 2 == 1;
     ++index;
     fused.emulated_row_shift = row_shift;
     fused.emulated_tile = tile;
