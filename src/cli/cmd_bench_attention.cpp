@@ -24,6 +24,7 @@
 #include "gpu/context.h"
 #include "ops/attention.h"
 #include "ops/attention_gemm.h"
+#include "ops/elementwise.h"
 #include "ops/flash_attention.h"
 #include "util/error.h"
 
@@ -41,6 +42,7 @@ struct AttnBenchOptions {
   int paired = -1;                   // the fused kernels' paired row tiles: 0, 1; -1: the default
   int dkv_split_target = -1;  // < 0: the default  // "DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES"; empty: the defaults
   bool packed = false;
+  bool model_inputs = false;  // fused-backward: q, k and the backward's out in fp16, as training keeps them
 };
 
 struct Buffers {
@@ -151,12 +153,29 @@ int run(const AttnBenchOptions& o) {
   auto on_gemm_path = [](const std::string& impl) {
     return impl == "fused" || impl == "fused-backward" || impl == "gemm";
   };
+  // --model-inputs: fused-backward as the training step runs it (model/transformer.cpp): q and k
+  // arrive as fp16 copies (the q/k norm and RoPE pass writes them) and the backward reads the
+  // fp16 copy of out that o_proj read, so neither call converts them. The copies are made here,
+  // outside the timing: q and k once, out after each forward.
+  const bool model_inputs = o.model_inputs && fused_backward.fused_backward;
+  gpu::Buffer q16, k16, out16;
+  if (model_inputs) {
+    fused_backward.qk_f16 = true;
+    fused_backward.out_f16_ld = nh * d;
+    // (at fp32 sizes: the ops check q and k as fp32 whatever they hold, as the model's buffers are)
+    q16 = ctx->alloc(uint64_t(B) * S * nh * d * 4, "bench q fp16");
+    k16 = ctx->alloc(uint64_t(B) * S * nkv * d * 4, "bench k fp16");
+    out16 = ctx->alloc((uint64_t(B) * S * nh * d + 7) / 8 * 16, "bench out fp16");
+    ops::to_f16_block(*ctx, g.q, 0, nh * d, q16, 0, nh * d, B * S, nh * d, nh * d);
+    ops::to_f16_block(*ctx, g.k, 0, nkv * d, k16, 0, nkv * d, B * S, nkv * d, nkv * d);
+  }
+  auto as_model = [&](const std::string& impl) { return model_inputs && impl == "fused-backward"; };
   auto forward = [&](const std::string& impl) {
     if (impl == "flash")
       ops::flash_attention_forward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, B, S, nh, nkv, d, scale, fo);
     else if (on_gemm_path(impl))
-      ops::attention_gemm_forward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, B, S, nh, nkv, d, scale,
-                                  gemm_options(impl));
+      ops::attention_gemm_forward(*ctx, as_model(impl) ? q16 : g.q, as_model(impl) ? k16 : g.k, g.v, g.seg, g.out,
+                                  g.lse, B, S, nh, nkv, d, scale, gemm_options(impl));
     else
       ops::attention_forward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, B, S, nh, nkv, d, scale);
   };
@@ -164,6 +183,9 @@ int run(const AttnBenchOptions& o) {
     if (impl == "flash")
       ops::flash_attention_backward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, g.dout, g.dq, g.dk, g.dv, B, S, nh, nkv,
                                     d, scale, fo);
+    else if (as_model(impl))
+      ops::attention_gemm_backward(*ctx, q16, k16, g.v, g.seg, out16, g.lse, g.dout, g.dq, g.dk, g.dv, B, S, nh, nkv,
+                                   d, scale, gemm_options(impl));
     else if (on_gemm_path(impl))
       ops::attention_gemm_backward(*ctx, g.q, g.k, g.v, g.seg, g.out, g.lse, g.dout, g.dq, g.dk, g.dv, B, S, nh, nkv,
                                    d, scale, gemm_options(impl));
@@ -226,12 +248,18 @@ int run(const AttnBenchOptions& o) {
   const Outputs want = outputs();
 
   std::printf("TFLOP/s count causal products: forward 2, backward 5 (recomputation not counted)\n");
+  if (model_inputs) std::printf("fused-backward: q, k and the backward's out given in fp16 (--model-inputs)\n");
   std::printf("%-6s %10s %8s %10s %8s %10s %8s  %s\n", "impl", "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "f+b ms",
               "TFLOP/s", "max rel diff to tiled fp32 (out lse dq dk dv)");
   bool all_ok = true;
   for (const std::string& impl : impls) {
+    // The fp16 copy of out the backward reads under --model-inputs (untimed).
+    auto copy_out = [&] {
+      if (as_model(impl)) ops::to_f16_block(*ctx, g.out, 0, nh * d, out16, 0, nh * d, B * S, nh * d, nh * d);
+    };
     try {
       forward(impl);
+      copy_out();
       backward(impl);
     } catch (const std::invalid_argument& e) {  // a shape or tile the implementation does not take
       throw UserError("bench attention: " + impl + ": " + e.what());
@@ -279,6 +307,8 @@ int run(const AttnBenchOptions& o) {
     all_ok = all_ok && ok;
   }
   for (const gpu::Buffer& b : {g.q, g.k, g.v, g.seg, g.out, g.lse, g.dout, g.dq, g.dk, g.dv}) ctx->free(b);
+  if (model_inputs)
+    for (const gpu::Buffer& b : {q16, k16, out16}) ctx->free(b);
   return all_ok ? 0 : 1;
 }
 
@@ -314,6 +344,9 @@ forja::cli::CommandRegistration bench_attention_registration{"bench-attention", 
                   "fused-backward's dk/dv kernel: workgroups below which a kv head's query heads are split "
                   "across workgroups (0: never; default 1024)")
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_flag("--model-inputs", o->model_inputs,
+                "fused-backward as training runs it: q, k and the backward's out given in fp16 (copied outside "
+                "the timing), so neither call converts them");
   cmd->add_option("--reps", o->reps, "Timed repetitions (best is reported)")->check(CLI::Range(1, 1000));
   cmd->add_option("--device", o->device, "Vulkan device index");
   return [o, cmd]() -> int {
