@@ -202,10 +202,12 @@ void row_tile(const uint wt) {
     if (chi < rlo || clo > rhi) continue;  // no visible pair (the same decision in every subgroup)
     barrier();                             // every subgroup is done with the previous tile
     STAGE(k8, 0u, c0, BT, k_first, nkv * d);
-    // The workgroup's rows of dS for these keys (zero where a row's block ends before them).
+    // The workgroup's rows of dS for these keys (zero past the sequence, whose rows dS may not
+    // hold, and where a row's block ends before these keys).
     for (uint x = gl_LocalInvocationIndex; x < ROWS * (BT / 8u); x += NT) {
       const uint r = x / (BT / 8u), c = x % (BT / 8u), qi = r0 + r;
-      sh[DS_AT + r * DLD + c] = c0 + BT <= ds_row_len(qi) ? ds8[(ds_head + ds_row(qi) + c0) / 8u + c] : uvec4(0u);
+      const bool held = qi < pc.seq && c0 + BT <= ds_row_len(qi);
+      sh[DS_AT + r * DLD + c] = held ? ds8[(ds_head + ds_row(qi) + c0) / 8u + c] : uvec4(0u);
     }
     barrier();
     if (c0 > rw + 15u) continue;           // every key of the tile is after this subgroup's last query
