@@ -108,8 +108,9 @@ TEST(MemoryPlan, DenseAndFp32Weights) {
 }
 
 // Mixed precision's transient scratch: the GEMM path's chunk of scores for attention (a 4B model at
-// 2048 tokens: half a GB), the fused kernels' fp16 copies and the dk/dv kernel's partial sums when
-// the backward is fused (about 100 MB for one sequence, a fifth of the GEMM path's).
+// 2048 tokens: half a GB), the fused kernels' fp16 copies, the dk/dv kernel's partial sums and
+// the dS that dq is taken from when the backward is fused (about 250 MB for one sequence, under
+// half the GEMM path's).
 TEST(MemoryPlan, FusedAttentionBackwardNeedsOnlyItsCopies) {
   ModelConfig c = parse(test::qwen3_4b());
   TrainingSettings s;
@@ -125,15 +126,19 @@ TEST(MemoryPlan, FusedAttentionBackwardNeedsOnlyItsCopies) {
   EXPECT_EQ(gemm.bytes, ops::attention_gemm_scratch_bytes(2048, 32, 128, 512));
   s.fused_attention_backward = true;
   const MemoryPart fused = scratch(plan_training_memory(c, s));
-  EXPECT_LT(fused.bytes, gemm.bytes / 4);
+  EXPECT_LT(fused.bytes, gemm.bytes / 2);
   EXPECT_EQ(fused.bytes, ops::attention_fused_scratch_bytes(1, 2048, 32, 8, 128));
   EXPECT_EQ(fused.note, "attention: the fused kernels' fp16 copies");
   // q and dout (32 heads), k and v (8 heads) in fp16, D in fp32, and the dk/dv kernel's partial
   // sums: one sequence gives 32 key tiles x 8 kv heads = 256 workgroups (128 with two tiles per
-  // workgroup), so 4 share each kv head
+  // workgroup), so 4 share each kv head; dS of 32 heads in blocks of 64 queries (block t holds
+  // 64 (t + 1) keys a row: 64 x 64 x 32 x 33 / 2 halves a head)
   EXPECT_EQ(ops::attention_dkv_split(1, 2048, 32, 8), 4u);
+  const std::uint64_t ds = 32u * 64 * 64 * (32 * 33 / 2) * 2;
+  EXPECT_EQ(ops::attention_ds_bytes(1, 2048, 32, ops::AttentionGemmOptions{}.fused_backward_tiles), ds);
   EXPECT_EQ(ops::attention_fused_scratch_bytes(1, 2048, 32, 8, 128),
-            2u * 2048 * 32 * 128 * 2 + 2u * 2048 * 8 * 128 * 2 + 2048u * 32 * 4 + 2u * 4 * 2048 * 8 * 128 * 4);
+            2u * 2048 * 32 * 128 * 2 + 2u * 2048 * 8 * 128 * 2 + 2048u * 32 * 4 + 2u * 4 * 2048 * 8 * 128 * 4 +
+                (ops::attention_dq_from_ds_default() ? ds : 0));
   ops::AttentionGemmOptions single, paired;  // one or two row tiles per workgroup
   single.fused_backward_tiles.paired = false;
   paired.fused_backward_tiles.paired = true;
