@@ -31,8 +31,8 @@ namespace forja::ops {
 // The fused kernels' paired row tiles by default (AttentionGemmOptions' `paired`): on, unless
 // FORJA_ATTENTION_PAIRED=0 (for measuring the training step with and without them in one binary).
 bool attention_paired_default();
-// dq from dS through memory by default (AttentionGemmOptions::dq_from_ds): on, unless
-// FORJA_ATTENTION_DQ_FROM_DS=0.
+// dq from dS through memory by default (AttentionGemmOptions::dq_from_ds): off, unless
+// FORJA_ATTENTION_DQ_FROM_DS=1 (not yet run on a GPU: only its emulation is tested).
 bool attention_dq_from_ds_default();
 
 struct AttentionGemmOptions {
@@ -88,9 +88,9 @@ struct AttentionGemmOptions {
   // dq from dS through memory (kernels/flash_backward_khr.comp's _ds variants): the dk/dv kernel
   // writes dS (fp16, the causal half of [heads, S, S] by blocks: attention_ds_bytes) and the dq
   // kernel reads it instead of recomputing S, dP and dS, 5 products per visible pair instead of
-  // 7. Where the dS of one dispatch's sequences fits a binding; dq_ds_warps subgroups of 16
-  // query rows per dq workgroup, against the dk/dv kernel's key tiles.
-  // FORJA_ATTENTION_DQ_FROM_DS=0 turns it off.
+  // 7. Where the dS of one dispatch's sequences fits a binding and 2 GiB; dq_ds_warps subgroups
+  // of 16 query rows per dq workgroup, against the dk/dv kernel's key tiles. Off by default
+  // until measured and tested on a GPU (FORJA_ATTENTION_DQ_FROM_DS=1 turns it on).
   bool dq_from_ds = attention_dq_from_ds_default();
   uint32_t dq_ds_warps = 4;
   // q and k hold the fp16 [tokens, heads, d] copies the fused kernels read (ops::qk_norm_rope_f16
