@@ -24,10 +24,9 @@ std::string statistic_value(const VkPipelineExecutableStatisticKHR& s) {
   return buf;
 }
 
-// One line per executable of `pipeline` on stderr: its key (variant and specialization
-// constants) and every statistic the driver reports, e.g. NVIDIA's register count, which decides
-// how many workgroups share a multiprocessor.
-void print_statistics(const Device& device, VkPipeline pipeline, const std::string& key) {
+// Calls f(properties, info) for every executable of `pipeline` the driver lists.
+template <typename F>
+void for_each_executable(const Device& device, VkPipeline pipeline, F f) {
   VkPipelineInfoKHR pi{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
   pi.pipeline = pipeline;
   uint32_t n = 0;
@@ -38,48 +37,51 @@ void print_statistics(const Device& device, VkPipeline pipeline, const std::stri
     VkPipelineExecutableInfoKHR ei{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR};
     ei.pipeline = pipeline;
     ei.executableIndex = i;
-    uint32_t m = 0;
-    if (device.get_pipeline_statistics(device.handle(), &ei, &m, nullptr) != VK_SUCCESS) continue;
-    std::vector<VkPipelineExecutableStatisticKHR> stats(m, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR});
-    device.get_pipeline_statistics(device.handle(), &ei, &m, stats.data());
-    std::string line = "forja: pipeline " + key + " [" + exes[i].name + ", subgroup " +
-                       std::to_string(exes[i].subgroupSize) + "]:";
-    for (const auto& s : stats) line += std::string(" ") + s.name + "=" + statistic_value(s) + ";";
-    std::fprintf(stderr, "%s\n", line.c_str());
+    f(exes[i], ei);
   }
 }
 
-// Every text internal representation of `pipeline` (FORJA_PIPELINE_IR) as
-// <dir>/<key>.<executable>.<representation>.txt, names reduced to [A-Za-z0-9_,.-].
+// One line per executable of `pipeline` on stderr: its key (variant and specialization
+// constants) and every statistic the driver reports, e.g. NVIDIA's register count, which decides
+// how many workgroups share a multiprocessor.
+void print_statistics(const Device& device, VkPipeline pipeline, const std::string& key) {
+  for_each_executable(device, pipeline, [&](const VkPipelineExecutablePropertiesKHR& exe,
+                                            const VkPipelineExecutableInfoKHR& ei) {
+    uint32_t m = 0;
+    if (device.get_pipeline_statistics(device.handle(), &ei, &m, nullptr) != VK_SUCCESS) return;
+    std::vector<VkPipelineExecutableStatisticKHR> stats(m, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR});
+    device.get_pipeline_statistics(device.handle(), &ei, &m, stats.data());
+    std::string line = "forja: pipeline " + key + " [" + exe.name + ", subgroup " +
+                       std::to_string(exe.subgroupSize) + "]:";
+    for (const auto& s : stats) line += std::string(" ") + s.name + "=" + statistic_value(s) + ";";
+    std::fprintf(stderr, "%s\n", line.c_str());
+  });
+}
+
+// Every internal representation of `pipeline` (FORJA_PIPELINE_IR) as
+// <dir>/<key>.<executable>.<representation>.txt (.bin where not text), names reduced to
+// [A-Za-z0-9_,.-].
 void write_representations(const Device& device, VkPipeline pipeline, const std::string& key) {
   auto clean = [](std::string s) {
     for (char& c : s)
       if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != ',' && c != '.' && c != '-') c = '_';
     return s;
   };
-  VkPipelineInfoKHR pi{VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR};
-  pi.pipeline = pipeline;
-  uint32_t n = 0;
-  if (device.get_pipeline_executables(device.handle(), &pi, &n, nullptr) != VK_SUCCESS) return;
-  std::vector<VkPipelineExecutablePropertiesKHR> exes(n, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_PROPERTIES_KHR});
-  device.get_pipeline_executables(device.handle(), &pi, &n, exes.data());
-  for (uint32_t i = 0; i < n; ++i) {
-    VkPipelineExecutableInfoKHR ei{VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR};
-    ei.pipeline = pipeline;
-    ei.executableIndex = i;
+  for_each_executable(device, pipeline, [&](const VkPipelineExecutablePropertiesKHR& exe,
+                                            const VkPipelineExecutableInfoKHR& ei) {
     uint32_t m = 0;
-    if (device.get_pipeline_representations(device.handle(), &ei, &m, nullptr) != VK_SUCCESS) continue;
+    if (device.get_pipeline_representations(device.handle(), &ei, &m, nullptr) != VK_SUCCESS) return;
     std::vector<VkPipelineExecutableInternalRepresentationKHR> reps(
         m, {VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INTERNAL_REPRESENTATION_KHR});
-    if (device.get_pipeline_representations(device.handle(), &ei, &m, reps.data()) != VK_SUCCESS) continue;
+    if (device.get_pipeline_representations(device.handle(), &ei, &m, reps.data()) != VK_SUCCESS) return;
     std::vector<std::vector<char>> data(m);
     for (uint32_t r = 0; r < m; ++r) {
       data[r].resize(reps[r].dataSize);
       reps[r].pData = data[r].data();
     }
-    device.get_pipeline_representations(device.handle(), &ei, &m, reps.data());
+    if (device.get_pipeline_representations(device.handle(), &ei, &m, reps.data()) != VK_SUCCESS) return;
     for (uint32_t r = 0; r < m; ++r) {
-      const std::string path = device.pipeline_ir_dir + "/" + clean(key) + "." + clean(exes[i].name) + "." +
+      const std::string path = device.pipeline_ir_dir + "/" + clean(key) + "." + clean(exe.name) + "." +
                                clean(reps[r].name) + (reps[r].isText ? ".txt" : ".bin");
       if (std::FILE* f = std::fopen(path.c_str(), "wb")) {
         std::size_t size = reps[r].dataSize;
@@ -90,7 +92,7 @@ void write_representations(const Device& device, VkPipeline pipeline, const std:
         std::fprintf(stderr, "forja: FORJA_PIPELINE_IR: cannot write %s\n", path.c_str());
       }
     }
-  }
+  });
 }
 
 }  // namespace
