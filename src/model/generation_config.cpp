@@ -32,11 +32,15 @@ GenerationConfig load_generation_config(const std::filesystem::path& model_dir) 
     if (!j[key].is_number()) throw bad(key, "a number");
     out = j[key].get<double>();
   };
+  // The ranges the sampler takes (model/sampler.h), checked here so that the error names the file.
   number("temperature", g.temperature);
+  if (g.temperature && !(*g.temperature >= 0)) throw bad("temperature", "0 (greedy) or positive");
   number("top_p", g.top_p);
+  if (g.top_p && !(*g.top_p > 0 && *g.top_p <= 1)) throw bad("top_p", "in (0, 1]");
   if (j.contains("top_k") && !j["top_k"].is_null()) {
     if (!j["top_k"].is_number_integer()) throw bad("top_k", "an integer");
     g.top_k = j["top_k"].get<int64_t>();
+    if (*g.top_k < 0) throw bad("top_k", "0 (off) or positive");
   }
   if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
     const auto& e = j["eos_token_id"];

@@ -71,5 +71,25 @@ TEST_F(GenerationConfigTest, BadFilesAreUserErrors) {
   EXPECT_THROW(model::load_generation_config(dir_), UserError);
 }
 
+// Found by fuzz/fuzz_generation_config.cpp: a negative top_k passed the loader and reached the
+// sampler, whose error names a --top-k flag the user never gave. Every sampling field out of the
+// sampler's range is the file's error now; 0 (off, greedy) stays valid.
+TEST_F(GenerationConfigTest, OutOfRangeSamplingFieldsNameTheFile) {
+  for (const char* text : {R"({"top_k": -20})", R"({"temperature": -0.5})", R"({"top_p": 0})", R"({"top_p": 1.5})"}) {
+    write(text);
+    try {
+      model::load_generation_config(dir_);
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("generation_config.json"), std::string::npos) << e.what();
+    }
+  }
+  write(R"({"top_k": 0, "temperature": 0, "top_p": 1})");
+  const auto g = model::load_generation_config(dir_);
+  EXPECT_EQ(*g.top_k, 0);
+  EXPECT_EQ(*g.temperature, 0.0);
+  EXPECT_EQ(*g.top_p, 1.0);
+}
+
 }  // namespace
 }  // namespace forja::test
