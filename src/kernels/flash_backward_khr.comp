@@ -88,10 +88,8 @@ layout(set = 0, binding = 7) writeonly buffer Out { float o[]; };    // dq or dk
 #if defined(DKV)
 layout(set = 0, binding = 8) writeonly buffer Out2 { float o2[]; };  // dv
 #endif
-#if defined(FROM_DS) && defined(EMULATE)
+#if defined(FROM_DS)
 layout(set = 0, binding = 8) readonly buffer DS { uvec4 ds8[]; };  // dS fp16, 8 halves per uvec4
-#elif defined(FROM_DS)
-layout(set = 0, binding = 8) readonly buffer DS { uvec4 ds8[]; };
 #elif defined(STORE_DS) && defined(EMULATE)
 layout(set = 0, binding = 9) writeonly buffer DS { uint ds2[]; };  // dS fp16, 2 halves per uint
 #elif defined(STORE_DS)
@@ -108,7 +106,6 @@ const uint CH = HD / 8u;        // uvec4 chunks (8 halves) per staged row
 const uint LD = CH + 1u;        // staged row stride in uvec4: one chunk of padding against bank conflicts
 const uint TILE = BT * LD;
 #if defined(FROM_DS)
-const uint G = BT > DS_QUERIES ? BT : DS_QUERIES;  // dS's block of queries
 const uint DLD = BT / 8u + 1u;  // staged dS row stride in uvec4
 const uint DS_AT = TILE;        // the workgroup's rows of dS for the key tile, after K
 const uint SH_SIZE = TILE + ROWS * DLD;
@@ -129,8 +126,12 @@ shared float sdrow[BT];  // and its D
 
 #include "flash_khr_common.glsl"
 
-#if defined(STORE_DS)
-const uint G = ROWS > BT ? ROWS : BT;  // dS's block of queries
+// dS's block of queries: the larger of the DKV kernel's keys per workgroup and its query tile
+// (in DQ those are BT and DS_QUERIES, in DKV ROWS and BT).
+#if defined(FROM_DS)
+const uint G = BT > DS_QUERIES ? BT : DS_QUERIES;
+#elif defined(STORE_DS)
+const uint G = ROWS > BT ? ROWS : BT;
 #endif
 #if defined(FROM_DS) || defined(STORE_DS)
 // dS of one (sequence, query head): the halves it takes, and the start of query q's row (which
