@@ -7,9 +7,16 @@
 // H100); the 32 partial sums are added in shared memory.
 // attention_row_dot_f16: out is fp16 in rows of out_ld halves per token ([tokens, out_ld], heads
 // side by side from column 0: the copy of the attention output that o_proj reads, which the
-// engine keeps across checkpointing, model/transformer.h); out_off and out_ld even, head_dim even.
+// engine keeps across checkpointing, model/transformer.h); out_off and out_ld even.
+// _dout16: also writes dout rounded to fp16 (round to nearest even, as ops::to_f16_block) into
+// dout16 [rows, head_dim] from half 0, the copy the fused kernels read, in the same pass that reads
+// dout for D (one read of dout fewer than a separate conversion).
+// head_dim is even: each invocation takes two adjacent elements per step.
 //! variant attention_row_dot
 //! variant attention_row_dot_f16 -DOUT_F16
+//! variant attention_row_dot_dout16 -DDOUT16
+//! variant attention_row_dot_f16_dout16 -DOUT_F16 -DDOUT16
+#include "f16_round.glsl"
 layout(local_size_x = 256) in;
 layout(push_constant) uniform PC {
   uint rows;  // tokens * heads
@@ -24,6 +31,9 @@ layout(set = 0, binding = 0) readonly buffer Out { float o[]; };
 #endif
 layout(set = 0, binding = 1) readonly buffer DOut { float dout[]; };
 layout(set = 0, binding = 2) writeonly buffer Drow { float drow[]; };
+#ifdef DOUT16
+layout(set = 0, binding = 3) writeonly buffer Dout16 { uint dout16[]; };  // two halves per uint
+#endif
 
 const uint LANES = 32u, ROWS = 256u / LANES;  // per row; rows per workgroup and pass
 shared float part[256];
@@ -38,13 +48,19 @@ void main() {
       const uint base = r * pc.head_dim;
 #ifdef OUT_F16
       const uint out_base = pc.out_off + (r / pc.n_heads) * pc.out_ld + (r % pc.n_heads) * pc.head_dim;
-      for (uint c = 2u * lane; c < pc.head_dim; c += 2u * LANES) {
-        const vec2 ov = unpackHalf2x16(o2[(out_base + c) / 2u]);
-        sum += ov.x * dout[pc.dout_off + base + c] + ov.y * dout[pc.dout_off + base + c + 1u];
-      }
-#else
-      for (uint c = lane; c < pc.head_dim; c += LANES) sum += o[pc.out_off + base + c] * dout[pc.dout_off + base + c];
 #endif
+      for (uint c = 2u * lane; c < pc.head_dim; c += 2u * LANES) {
+#ifdef OUT_F16
+        const vec2 ov = unpackHalf2x16(o2[(out_base + c) / 2u]);
+#else
+        const vec2 ov = vec2(o[pc.out_off + base + c], o[pc.out_off + base + c + 1u]);
+#endif
+        const vec2 dv = vec2(dout[pc.dout_off + base + c], dout[pc.dout_off + base + c + 1u]);
+        sum += ov.x * dv.x + ov.y * dv.y;
+#ifdef DOUT16
+        dout16[(base + c) / 2u] = packHalf2x16(vec2(round_to_f16(dv.x), round_to_f16(dv.y)));
+#endif
+      }
     }
     part[gl_LocalInvocationIndex] = sum;
     barrier();

@@ -303,13 +303,18 @@ Bound bind_f16_rows(const gpu::Context& ctx, const gpu::Buffer& b, uint32_t b0, 
 }
 
 // out_f16_ld > 0: out is fp16 (AttentionGemmOptions::out_f16_ld), its offset in halves.
+// dout16: where given, receives dout in fp16 from its start.
 void row_dot(gpu::Context& ctx, const Dims& m, uint32_t nb, const Bound& out, const Bound& dout, const Bound& drow,
-             uint32_t out_f16_ld) {
+             uint32_t out_f16_ld, const gpu::Buffer* dout16) {
   const uint32_t rows = nb * m.seq * m.nh;
   const RowDotPush push{rows, m.nh, m.d, m.seq, out.offset, dout.offset, drow.offset, out_f16_ld};
-  ctx.dispatch(ctx.pipelines().get(out_f16_ld ? kernels::attention_row_dot_f16 : kernels::attention_row_dot),
-               {{out.buffer, gpu::Access::read}, {dout.buffer, gpu::Access::read}, {drow.buffer, gpu::Access::write}},
-               push, static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t(rows) + 7) / 8, 1, kMaxGroupsX)), 1, 1,
+  const kernels::Kernel& kernel =
+      dout16 ? (out_f16_ld ? kernels::attention_row_dot_f16_dout16 : kernels::attention_row_dot_dout16)
+             : (out_f16_ld ? kernels::attention_row_dot_f16 : kernels::attention_row_dot);
+  std::vector<gpu::Binding> bindings = {
+      {out.buffer, gpu::Access::read}, {dout.buffer, gpu::Access::read}, {drow.buffer, gpu::Access::write}};
+  if (dout16) bindings.push_back({*dout16, gpu::Access::write});
+  ctx.dispatch(ctx.pipelines().get(kernel), bindings, push, static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t(rows) + 7) / 8, 1, kMaxGroupsX)), 1, 1,
                "attention_row_dot", 2.0 * rows * m.d);
 }
 
@@ -364,12 +369,12 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
       to_f16_block(ctx, k, uint64_t(b0) * m.kv_seq(), kv_width, k16, 0, kv_width, tokens, kv_width, kv_width);
     }
     to_f16_block(ctx, v, uint64_t(b0) * m.kv_seq(), kv_width, v16, 0, kv_width, tokens, kv_width, kv_width);
-    to_f16_block(ctx, dout, uint64_t(b0) * m.q_seq(), q_width, do16, 0, q_width, tokens, q_width, q_width);
     const AttentionBindings f = bind_attention(ctx, m, b0, nb, q, k, v, segments, out, lse, o.out_f16_ld == 0);
     const Bound bdout = bind_elements(ctx, dout, b0 * m.q_seq(), nb * m.q_seq());
     const Bound bdrow = bind_elements(ctx, drow, 0, nb * m.stat_seq());
+    // D, and dout's fp16 copy in the same pass
     row_dot(ctx, m, nb, o.out_f16_ld ? bind_f16_rows(ctx, out, b0, nb, m.seq, o.out_f16_ld) : f.out, bdout, bdrow,
-            o.out_f16_ld);
+            o.out_f16_ld, &do16);
     auto run = [&](const gpu::Pipeline& p, const Bound& grad, const Bound* grad_v, uint32_t rows_per_group,
                    uint32_t heads, uint32_t split, uint32_t part_stride, double products, const char* op,
                    gpu::Access ds_access) {
@@ -474,20 +479,29 @@ uint64_t attention_gemm_scratch_bytes(uint32_t seq, uint32_t n_heads, uint32_t h
 }
 
 void attention_row_dot(gpu::Context& ctx, const gpu::Buffer& out, const gpu::Buffer& dout, const gpu::Buffer& drow,
-                       uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t out_f16_ld) {
+                       uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t out_f16_ld,
+                       const gpu::Buffer* dout16) {
   const Dims m{batch, seq, n_heads, n_heads, head_dim};
   if (batch == 0 || seq == 0) return;
+  if (head_dim % 2) throw std::invalid_argument("attention_row_dot: head_dim " + std::to_string(head_dim) + " is odd");
   check_attention_out("attention_row_dot", m, out, out_f16_ld);
   check_attention_buffer("attention_row_dot", "dout", dout, m.q_seq() * batch);
   check_attention_buffer("attention_row_dot", "drow", drow, m.stat_seq() * batch);
-  const uint32_t per = sequences_per_dispatch(ctx, "attention_row_dot", m);
+  if (dout16 && dout16->size < m.q_seq() * batch * 2)
+    throw std::invalid_argument("attention_row_dot: buffer 'dout16' has " + std::to_string(dout16->size) +
+                                " bytes, the shape needs " + std::to_string(m.q_seq() * batch * 2));
+  // The fp16 copy is written from the start of dout16: one dispatch for all sequences.
+  const uint32_t per = dout16 ? batch : sequences_per_dispatch(ctx, "attention_row_dot", m);
+  if (dout16 && per > sequences_per_dispatch(ctx, "attention_row_dot", m))
+    throw std::invalid_argument("attention_row_dot: the fp16 dout of " + std::to_string(batch) +
+                                " sequences exceeds one binding");
   for (uint32_t b0 = 0; b0 < batch; b0 += per) {
     const uint32_t nb = std::min(per, batch - b0);
     row_dot(ctx, m, nb,
             out_f16_ld ? bind_f16_rows(ctx, out, b0, nb, seq, out_f16_ld)
                        : bind_elements(ctx, out, b0 * m.q_seq(), nb * m.q_seq()),
             bind_elements(ctx, dout, b0 * m.q_seq(), nb * m.q_seq()),
-            bind_elements(ctx, drow, b0 * m.stat_seq(), nb * m.stat_seq()), out_f16_ld);
+            bind_elements(ctx, drow, b0 * m.stat_seq(), nb * m.stat_seq()), out_f16_ld, dout16);
   }
 }
 

@@ -139,9 +139,12 @@ bool attention_fused_backward_enabled(gpu::Context& ctx, uint32_t head_dim);
 
 // drow [B, nh, S] = rowsum(dout * out) of each (token, head) row of out and dout (fp32
 // [B*S, nh, d]): the fused backward's D (kernels/attention_row_dot.comp).
-// out_f16_ld > 0: out is fp16 as AttentionGemmOptions::out_f16_ld says.
+// out_f16_ld > 0: out is fp16 as AttentionGemmOptions::out_f16_ld says. head_dim even.
+// dout16, where given: also receives dout rounded to fp16 (as to_f16_block), [B*S, nh, d], in the
+// same pass (the fused backward's copy of dout).
 void attention_row_dot(gpu::Context& ctx, const gpu::Buffer& out, const gpu::Buffer& dout, const gpu::Buffer& drow,
-                       uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t out_f16_ld = 0);
+                       uint32_t batch, uint32_t seq, uint32_t n_heads, uint32_t head_dim, uint32_t out_f16_ld = 0,
+                       const gpu::Buffer* dout16 = nullptr);
 
 // Query rows per chunk for this shape (at least 1, at most seq): options.chunk_rows, else as
 // many whole 16-row tiles as fit min(scratch_budget, max_binding_bytes).

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -302,24 +303,41 @@ TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
 }
 
 // D = rowsum(dout * out), the fused backward's statistic (kernels/attention_row_dot.comp), on any
-// device: [B*S, nh, d] rows into [B, nh, S].
+// device: [B*S, nh, d] rows into [B, nh, S]; with dout16, also dout rounded to fp16 in the same
+// pass, bit for bit as the host rounds.
+void expect_dout16(const gpu::Buffer& got16, const std::vector<float>& dout, gpu::Context& ctx) {
+  const auto words = ctx.download<uint32_t>(got16, dout.size() / 2 + kPad);
+  for (uint32_t i = 0; i < kPad; ++i)
+    EXPECT_EQ(words[dout.size() / 2 + i], std::bit_cast<uint32_t>(kSentinel)) << "write past the end at +" << i;
+  size_t wrong = 0;
+  for (size_t i = 0; i < dout.size(); ++i)
+    wrong += uint16_t(words[i / 2] >> (16 * (i % 2))) != io::float_to_f16(dout[i]);
+  EXPECT_EQ(wrong, 0u) << "of " << dout.size() << " halves of the fp16 dout";
+}
+
 TEST_F(AttentionTest, RowDotMatchesReference) {
-  const Shape shapes[] = {{2, 7, 3, 3, 16}, {1, 65, 4, 4, 128}, {3, 5, 2, 2, 6}, {1, 1, 1, 1, 1}};
+  const Shape shapes[] = {{2, 7, 3, 3, 16}, {1, 65, 4, 4, 128}, {3, 5, 2, 2, 6}, {1, 1, 1, 1, 2}};
   for (const Shape& s : shapes) {
-    SCOPED_TRACE(s.name());
-    const size_t rows = size_t(s.batch) * s.seq * s.nh, n = rows * s.d;
-    const auto out = random(n), dout = random(n);
-    auto gout = upload(out), gdo = upload(dout), gd = output(rows);
-    ops::attention_row_dot(ctx(), gout, gdo, gd, s.batch, s.seq, s.nh, s.d);
-    std::vector<double> want(rows);
-    for (size_t r = 0; r < rows; ++r) {
-      double sum = 0;
-      for (uint32_t c = 0; c < s.d; ++c) sum += double(out[r * s.d + c]) * dout[r * s.d + c];
-      const size_t token = r / s.nh, h = r % s.nh, b = token / s.seq, i = token % s.seq;
-      want[(b * s.nh + h) * s.seq + i] = sum;
+    for (const bool with16 : {false, true}) {
+      SCOPED_TRACE(s.name() + (with16 ? " with the fp16 dout" : ""));
+      const size_t rows = size_t(s.batch) * s.seq * s.nh, n = rows * s.d;
+      const auto out = random(n), dout = random(n);
+      auto gout = upload(out), gdo = upload(dout), gd = output(rows), g16 = output(n / 2);
+      ops::attention_row_dot(ctx(), gout, gdo, gd, s.batch, s.seq, s.nh, s.d, 0, with16 ? &g16 : nullptr);
+      std::vector<double> want(rows);
+      for (size_t r = 0; r < rows; ++r) {
+        double sum = 0;
+        for (uint32_t c = 0; c < s.d; ++c) sum += double(out[r * s.d + c]) * dout[r * s.d + c];
+        const size_t token = r / s.nh, h = r % s.nh, b = token / s.seq, i = token % s.seq;
+        want[(b * s.nh + h) * s.seq + i] = sum;
+      }
+      expect_close("drow", result(gd, rows), want, 1e-5);
+      if (with16) expect_dout16(g16, dout, ctx());
     }
-    expect_close("drow", result(gd, rows), want, 1e-5);
   }
+  auto g = upload(random(200)), gd = output(100), small16 = output(2);
+  EXPECT_THROW(ops::attention_row_dot(ctx(), g, g, gd, 1, 2, 1, 3), std::invalid_argument);  // odd head_dim
+  EXPECT_THROW(ops::attention_row_dot(ctx(), g, g, gd, 1, 100, 1, 2, 0, &small16), std::invalid_argument);  // dout16
 }
 
 // The same with out as fp16 rows of ld halves (AttentionGemmOptions::out_f16_ld: the o_proj input
@@ -339,8 +357,9 @@ TEST_F(AttentionTest, RowDotOfFp16RowsMatchesReference) {
     const auto dout = random(n), wide = random(tokens * ld);
     std::vector<uint16_t> out16(tokens * ld);
     for (size_t i = 0; i < out16.size(); ++i) out16[i] = io::float_to_f16(wide[i]);
-    auto gout = upload(packed_halves(out16)), gdo = upload(dout), gd = output(rows);
-    ops::attention_row_dot(ctx(), gout, gdo, gd, s.batch, s.seq, s.nh, s.d, ld);
+    auto gout = upload(packed_halves(out16)), gdo = upload(dout), gd = output(rows), g16 = output(n / 2);
+    ops::attention_row_dot(ctx(), gout, gdo, gd, s.batch, s.seq, s.nh, s.d, ld, &g16);
+    expect_dout16(g16, dout, ctx());
     std::vector<double> want(rows);
     for (size_t r = 0; r < rows; ++r) {
       const size_t token = r / s.nh, h = r % s.nh, b = token / s.seq, i = token % s.seq;
