@@ -42,8 +42,8 @@ struct AttnBenchOptions {
   int paired = -1;                   // the fused kernels' paired row tiles: 0, 1; -1: the default
   int dkv_split_target = -1;  // < 0: the default  // "DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES"; empty: the defaults
   bool packed = false;
-  bool model_inputs = false;
-  uint32_t dq_ds_warps = 0;  // fused-backward's dq-from-dS workgroups; 0: the default  // fused-backward: q, k and the backward's out in fp16, as training keeps them
+  bool model_inputs = false;  // fused-backward: q, k and the backward's out in fp16, as training keeps them
+  uint32_t dq_ds_warps = 0;    // fused-backward's dq-from-dS workgroups; 0: the default
 };
 
 struct Buffers {
@@ -347,7 +347,7 @@ forja::cli::CommandRegistration bench_attention_registration{"bench-attention", 
                   "across workgroups (0: never; default 1024)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--dq-ds-warps", o->dq_ds_warps,
-                  "fused-backward's dq from dS: subgroups of 16 query rows per workgroup (1, 2, 4, 8; default 4)")
+                  "fused-backward's dq from dS: subgroups of 16 query rows per workgroup (1, 2, 4, 8; default 8)")
       ->check(CLI::IsMember({1u, 2u, 4u, 8u}));
   cmd->add_flag("--model-inputs", o->model_inputs,
                 "fused-backward as training runs it: q, k and the backward's out given in fp16 (copied outside "

@@ -513,7 +513,7 @@ uint64_t attention_ds_bytes(uint32_t sequences, uint32_t seq, uint32_t n_heads,
 }
 
 bool attention_dq_from_ds_default() {
-  static const bool on = gpu::env_flag("FORJA_ATTENTION_DQ_FROM_DS");
+  static const bool on = gpu::env_flag_default_on("FORJA_ATTENTION_DQ_FROM_DS");
   return on;
 }
 

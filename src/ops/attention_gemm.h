@@ -31,8 +31,8 @@ namespace forja::ops {
 // The fused kernels' paired row tiles by default (AttentionGemmOptions' `paired`): on, unless
 // FORJA_ATTENTION_PAIRED=0 (for measuring the training step with and without them in one binary).
 bool attention_paired_default();
-// dq from dS through memory by default (AttentionGemmOptions::dq_from_ds): off, unless
-// FORJA_ATTENTION_DQ_FROM_DS=1 (not yet run on a GPU: only its emulation is tested).
+// dq from dS through memory by default (AttentionGemmOptions::dq_from_ds): on, unless
+// FORJA_ATTENTION_DQ_FROM_DS=0 (for measuring the training step with and without it in one binary).
 bool attention_dq_from_ds_default();
 
 struct AttentionGemmOptions {
@@ -89,10 +89,12 @@ struct AttentionGemmOptions {
   // writes dS (fp16, the causal half of [heads, S, S] by blocks: attention_ds_bytes) and the dq
   // kernel reads it instead of recomputing S, dP and dS, 5 products per visible pair instead of
   // 7. Where the dS of one dispatch's sequences fits a binding and 2 GiB; dq_ds_warps subgroups
-  // of 16 query rows per dq workgroup, against the dk/dv kernel's key tiles. Off by default
-  // until measured and tested on a GPU (FORJA_ATTENTION_DQ_FROM_DS=1 turns it on).
+  // of 16 query rows per dq workgroup, against the dk/dv kernel's key tiles. On an H100 (B 1, S
+  // 2048, 32/8 heads x 128, q, k and out given in fp16 as training does) the backward took 0.813 ms
+  // against 0.854 with dq recomputed, 0.802 with 8 subgroups; the 1x2048 step +0.6%, 0.13 GiB more
+  // (docs/benchmarks.md, run 35).
   bool dq_from_ds = attention_dq_from_ds_default();
-  uint32_t dq_ds_warps = 4;
+  uint32_t dq_ds_warps = 8;
   // q and k hold the fp16 [tokens, heads, d] copies the fused kernels read (ops::qk_norm_rope_f16
   // made them), not fp32: the fused forward and backward only, where attention_gemm_takes_f16_qk.
   bool qk_f16 = false;
