@@ -29,7 +29,8 @@
 // Specialization constants: 0 workgroup size (32 x WARPS), 1 WARPS, 2 BC, 3 HD (= head_dim, a
 // multiple of 16 up to 128), 4 ROW_SHIFT and 5 COL_SHIFT (the accumulator's element order), 6
 // PREFETCH (the next key tile's loads in flight during this one's products), 7 PAIRED (each
-// workgroup takes two query tiles, see main).
+// workgroup takes two query tiles, see main), 8 PIPELINE (the next tile's S before this one's
+// softmax).
 // flash_fwd_khr_emu: the same without cooperative matrices (flash_khr_common.glsl), WARPS 1.
 //! variant flash_fwd_khr requires=nv_coopmat2
 //! variant flash_fwd_khr_emu -DEMULATE
@@ -70,6 +71,11 @@ layout(constant_id = 6) const bool PREFETCH = false;
 // cost the same and no long tile is left running alone at the end (one sequence gives 4 waves of
 // one workgroup per multiprocessor at 32 heads).
 layout(constant_id = 7) const bool PAIRED = false;
+// Whether each subgroup computes the next visible key tile's S = Q K^T before this tile's softmax,
+// so that the matrix cores work on it while the softmax runs (FlashAttention-3's overlap within a
+// warp): K of the next tile is staged with V of this one, and two S tiles are live in registers.
+// Not with PREFETCH.
+layout(constant_id = 8) const bool PIPELINE = false;
 
 layout(push_constant) uniform PC {
   uint seq, n_heads, n_kv_heads, head_dim;
@@ -135,6 +141,86 @@ void put(const uvec4 pk[PER], const uvec4 pv[PER]) {
   }
 }
 
+// S = Q K^T for the key tile staged at sh[0...] ([key][d], so K^T is its column-major reading).
+void scores(const FRAG_A qa[HF], out FRAG_C s[NF]) {
+  UNROLL for (uint n = 0u; n < NF; ++n) {
+    s[n] = C_ZERO;
+    UNROLL for (uint k = 0u; k < HF; ++k) {
+      FRAG_B kb;
+      LOAD(kb, n * 16u * LD + 2u * k, COL_MAJOR);
+      s[n] = MMA(qa[k], kb, s[n]);
+    }
+  }
+}
+
+// This lane's two rows (the accumulator layout), their segments and the online softmax's state:
+// running maxima m (log2 units) and this lane's shares l of the rows' sums.
+struct Rows {
+  uint row0, row1;
+  int seg0, seg1;
+  float m[2], l[2];
+};
+
+// The online softmax of the key tile from k0 (S in s, the tile's segment ids in sseg_k; `full`:
+// every pair visible) and O += P V with V staged at sh[KV_SIZE...]: element i of a fragment is in
+// row half (i >> ROW_SHIFT) & 1. The maxima are taken on the raw scores (s2 > 0 keeps their
+// order) and the scale is folded into the exponent, one fma per element; masked scores are -inf,
+// whose exp2 is 0. l holds this lane's share of each row's sum; the four lanes of a row add
+// theirs at the end.
+void softmax_pv(inout FRAG_C s[NF], uint k0, bool full, float s2, inout Rows r, inout FRAG_C acc[HF]) {
+  const uint lane = LANE;
+  float mx[2] = {NEG_INF, NEG_INF};
+  UNROLL for (uint n = 0u; n < NF; ++n) {
+    UNROLL for (uint i = 0u; i < 8u; ++i) {
+      const uint hh = (i >> ROW_SHIFT) & 1u;
+      if (!full) {
+        const uint c = n * 16u + lane_col(lane, i);
+        const uint qi = hh == 0u ? r.row0 : r.row1;
+        const int sq = hh == 0u ? r.seg0 : r.seg1;
+        if (k0 + c > qi || qi >= pc.seq || sq == 0 || sseg_k[c] != sq) s[n][i] = NEG_INF;
+      }
+      mx[hh] = max(mx[hh], s[n][i]);
+    }
+  }
+  float alpha[2], m_use[2];
+  UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
+    mx[hh] = max(mx[hh], SHUFFLE_XOR(mx[hh], 1u));
+    mx[hh] = max(mx[hh], SHUFFLE_XOR(mx[hh], 2u));
+    const float m_new = max(r.m[hh], mx[hh] * s2);
+    m_use[hh] = m_new == NEG_INF ? 0.0 : m_new;  // a row that has seen nothing yet: exp2(-inf) = 0
+    alpha[hh] = exp2(r.m[hh] - m_use[hh]);
+    r.m[hh] = m_new;
+    r.l[hh] *= alpha[hh];
+  }
+  UNROLL for (uint n = 0u; n < NF; ++n) {
+    UNROLL for (uint i = 0u; i < 8u; ++i) {
+      const uint hh = (i >> ROW_SHIFT) & 1u;
+      const float p = exp2(fma(s[n][i], s2, -m_use[hh]));
+      s[n][i] = p;
+      r.l[hh] += p;
+    }
+  }
+  UNROLL for (uint f = 0u; f < HF; ++f)
+    UNROLL for (uint i = 0u; i < 8u; ++i) acc[f][i] *= alpha[(i >> ROW_SHIFT) & 1u];
+
+  // O += P V: P (rounded to fp16 by the conversion) as A fragments, V staged [key][d] row-major.
+  FRAG_A pa[NF];
+  UNROLL for (uint n = 0u; n < NF; ++n) pa[n] = TO_A(s[n]);
+  UNROLL for (uint f = 0u; f < HF; ++f) {
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      FRAG_B vb;
+      LOAD(vb, KV_SIZE + n * 16u * LD + 2u * f, ROW_MAJOR);
+      acc[f] = MMA(pa[n], vb, acc[f]);
+    }
+  }
+}
+
+// Whether every pair of the subgroup's rows from qw and the key tile from k0 is visible: one
+// segment throughout and every key at or before the first row.
+bool all_visible(bool qgap, int qlo, int qhi, bool kgap, int klo, int khi, uint k0, uint qw) {
+  return !qgap && !kgap && qlo == qhi && klo == khi && qlo == klo && k0 + BC <= qw + 1u;
+}
+
 // Query tile qt of head gl_WorkGroupID.y, sequence gl_WorkGroupID.z.
 void query_tile(const uint qt) {
   const uint h = gl_WorkGroupID.y, b = gl_WorkGroupID.z;
@@ -155,129 +241,101 @@ void query_tile(const uint qt) {
 
   // This lane's two rows (the accumulator layout): r_lo and r_lo + 8 of the subgroup's 16.
   const uint r_lo = lane >> 2u;
-  const uint row0 = qw + r_lo, row1 = qw + r_lo + 8u;
-  const int seg0 = row0 < pc.seq ? seg[sbase + row0] : 0, seg1 = row1 < pc.seq ? seg[sbase + row1] : 0;
+  Rows r;
+  r.row0 = qw + r_lo, r.row1 = qw + r_lo + 8u;
+  r.seg0 = r.row0 < pc.seq ? seg[sbase + r.row0] : 0, r.seg1 = r.row1 < pc.seq ? seg[sbase + r.row1] : 0;
+  r.m = float[2](NEG_INF, NEG_INF), r.l = float[2](0.0, 0.0);
   int qlo, qhi;
   bool qgap;
   segment_range(sbase, q0, BR, qlo, qhi, qgap);
 
   FRAG_C acc[HF];
   UNROLL for (uint f = 0u; f < HF; ++f) acc[f] = C_ZERO;
-  float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0, 0.0};
   const float s2 = pc.scale * float(LOG2E);
 
   const uint q_end = min(pc.seq, q0 + BR);
   const uint tiles = (q_end + BC - 1u) / BC;
-  // With the prefetch, jn is the next visible tile (its segment range in nlo, nhi, ngap), whose
-  // loads are in flight. Without it, each tile's visibility is decided at its turn, in a loop
-  // counted by j alone: the H100 ran that 8-15% faster than a loop stepping to the next visible
-  // tile (B 1: 0.349 against 0.404 ms; docs/benchmarks.md, run 15).
-  int nlo, nhi;
-  bool ngap;
-  uvec4 pk[PER], pv[PER];
-  uint jn = PREFETCH ? next_tile(0u, tiles, sbase, qlo, qhi, nlo, nhi, ngap) : 0u;
-  if (PREFETCH && jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
-  for (uint j = 0u; j < tiles; ++j) {
-    const uint k0 = j * BC;
-    int klo, khi;
-    bool kgap;
-    if (PREFETCH) {
-      if (j != jn) continue;
-      klo = nlo, khi = nhi, kgap = ngap;
-    } else {
-      segment_range(sbase, k0, BC, klo, khi, kgap);
-      if (khi < qlo || klo > qhi) continue;  // no visible pair (the same decision in every subgroup)
+  if (PIPELINE) {
+    // Tile j's V is staged with the next visible tile jn's K; S of jn is computed before tile j's
+    // softmax. Before the loop: the first visible tile's K and S.
+    int klo, khi, nlo, nhi;
+    bool kgap, ngap;
+    uint j = next_tile(0u, tiles, sbase, qlo, qhi, klo, khi, kgap);
+    FRAG_C s[NF], sn[NF];
+    if (j < tiles) {
+      barrier();  // q's staging is read
+      STAGE(k8, 0u, j * BC, BC, k_first, nkv * d);
+      barrier();
+      if (j * BC <= qw + 15u) scores(qa, s);
     }
-    barrier();  // every subgroup is done with the previous tile
-    if (PREFETCH) {
-      put(pk, pv);
-    } else {
-      STAGE(k8, 0u, k0, BC, k_first, nkv * d);
+    while (j < tiles) {
+      const uint k0 = j * BC;
+      const uint jn = next_tile(j + 1u, tiles, sbase, qlo, qhi, nlo, nhi, ngap);
+      barrier();  // every subgroup is done with tile j's K and the previous tile's V
       STAGE(v8, KV_SIZE, k0, BC, v_first, nkv * d);
+      if (jn < tiles) STAGE(k8, 0u, jn * BC, BC, k_first, nkv * d);
+      for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
+      barrier();
+      if (jn < tiles && jn * BC <= qw + 15u) scores(qa, sn);
+      if (k0 <= qw + 15u) softmax_pv(s, k0, all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw), s2, r, acc);
+      UNROLL for (uint n = 0u; n < NF; ++n) s[n] = sn[n];
+      j = jn, klo = nlo, khi = nhi, kgap = ngap;
     }
-    for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
-    barrier();
-    // With the prefetch, the next visible tile's loads go out now and land while this one is
-    // computed.
-    if (PREFETCH) {
-      jn = next_tile(j + 1u, tiles, sbase, qlo, qhi, nlo, nhi, ngap);
-      if (jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
-    }
-    if (k0 > qw + 15u) continue;  // past this subgroup's last row
-    const bool full = !qgap && !kgap && qlo == qhi && klo == khi && qlo == klo && k0 + BC <= qw + 1u;
-
-    // S = Q K^T: K is staged [key][d], so K^T is its column-major reading.
-    FRAG_C s[NF];
-    UNROLL for (uint n = 0u; n < NF; ++n) {
-      s[n] = C_ZERO;
-      UNROLL for (uint k = 0u; k < HF; ++k) {
-        FRAG_B kb;
-        LOAD(kb, n * 16u * LD + 2u * k, COL_MAJOR);
-        s[n] = MMA(qa[k], kb, s[n]);
+  } else {
+    // With the prefetch, jn is the next visible tile (its segment range in nlo, nhi, ngap), whose
+    // loads are in flight. Without it, each tile's visibility is decided at its turn, in a loop
+    // counted by j alone: the H100 ran that 8-15% faster than a loop stepping to the next visible
+    // tile (B 1: 0.349 against 0.404 ms; docs/benchmarks.md, run 15).
+    int nlo, nhi;
+    bool ngap;
+    uvec4 pk[PER], pv[PER];
+    uint jn = PREFETCH ? next_tile(0u, tiles, sbase, qlo, qhi, nlo, nhi, ngap) : 0u;
+    if (PREFETCH && jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
+    for (uint j = 0u; j < tiles; ++j) {
+      const uint k0 = j * BC;
+      int klo, khi;
+      bool kgap;
+      if (PREFETCH) {
+        if (j != jn) continue;
+        klo = nlo, khi = nhi, kgap = ngap;
+      } else {
+        segment_range(sbase, k0, BC, klo, khi, kgap);
+        if (khi < qlo || klo > qhi) continue;  // no visible pair (the same decision in every subgroup)
       }
-    }
-
-    // Online softmax on this lane's elements: element i is in row half (i >> ROW_SHIFT) & 1.
-    float mx[2] = {NEG_INF, NEG_INF};
-    UNROLL for (uint n = 0u; n < NF; ++n) {
-      UNROLL for (uint i = 0u; i < 8u; ++i) {
-        const uint hh = (i >> ROW_SHIFT) & 1u;
-        float x = s[n][i] * s2;
-        if (!full) {
-          const uint c = n * 16u + lane_col(lane, i);
-          const uint qi = hh == 0u ? row0 : row1;
-          const int sq = hh == 0u ? seg0 : seg1;
-          if (k0 + c > qi || qi >= pc.seq || sq == 0 || sseg_k[c] != sq) x = NEG_INF;
-        }
-        s[n][i] = x;
-        mx[hh] = max(mx[hh], x);
+      barrier();  // every subgroup is done with the previous tile
+      if (PREFETCH) {
+        put(pk, pv);
+      } else {
+        STAGE(k8, 0u, k0, BC, k_first, nkv * d);
+        STAGE(v8, KV_SIZE, k0, BC, v_first, nkv * d);
       }
-    }
-    float alpha[2], m_use[2], ls[2] = {0.0, 0.0};
-    UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
-      mx[hh] = max(mx[hh], SHUFFLE_XOR(mx[hh], 1u));
-      mx[hh] = max(mx[hh], SHUFFLE_XOR(mx[hh], 2u));
-      const float m_new = max(m[hh], mx[hh]);
-      m_use[hh] = m_new == NEG_INF ? 0.0 : m_new;  // a row that has seen nothing yet: exp2(-inf) = 0
-      alpha[hh] = exp2(m[hh] - m_use[hh]);
-      m[hh] = m_new;
-    }
-    UNROLL for (uint n = 0u; n < NF; ++n) {
-      UNROLL for (uint i = 0u; i < 8u; ++i) {
-        const uint hh = (i >> ROW_SHIFT) & 1u;
-        const float p = exp2(s[n][i] - m_use[hh]);
-        s[n][i] = p;
-        ls[hh] += p;
+      for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
+      barrier();
+      // With the prefetch, the next visible tile's loads go out now and land while this one is
+      // computed.
+      if (PREFETCH) {
+        jn = next_tile(j + 1u, tiles, sbase, qlo, qhi, nlo, nhi, ngap);
+        if (jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
       }
-    }
-    UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
-      ls[hh] += SHUFFLE_XOR(ls[hh], 1u);
-      ls[hh] += SHUFFLE_XOR(ls[hh], 2u);
-      l[hh] = alpha[hh] * l[hh] + ls[hh];
-    }
-    UNROLL for (uint f = 0u; f < HF; ++f)
-      UNROLL for (uint i = 0u; i < 8u; ++i) acc[f][i] *= alpha[(i >> ROW_SHIFT) & 1u];
-
-    // O += P V: P (rounded to fp16 by the conversion) as A fragments, V staged [key][d] row-major.
-    FRAG_A pa[NF];
-    UNROLL for (uint n = 0u; n < NF; ++n) pa[n] = TO_A(s[n]);
-    UNROLL for (uint f = 0u; f < HF; ++f) {
-      UNROLL for (uint n = 0u; n < NF; ++n) {
-        FRAG_B vb;
-        LOAD(vb, KV_SIZE + n * 16u * LD + 2u * f, ROW_MAJOR);
-        acc[f] = MMA(pa[n], vb, acc[f]);
-      }
+      if (k0 > qw + 15u) continue;  // past this subgroup's last row
+      FRAG_C s[NF];
+      scores(qa, s);
+      softmax_pv(s, k0, all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw), s2, r, acc);
     }
   }
 
-  // out = O / l for this lane's elements (two adjacent columns per element pair); lse by the
-  // first lane of each row.
-  const float inv[2] = {l[0] == 0.0 ? 0.0 : 1.0 / l[0], l[1] == 0.0 ? 0.0 : 1.0 / l[1]};
+  // The rows' sums from the lanes' shares; out = O / l for this lane's elements (two adjacent
+  // columns per element pair); lse by the first lane of each row.
+  UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
+    r.l[hh] += SHUFFLE_XOR(r.l[hh], 1u);
+    r.l[hh] += SHUFFLE_XOR(r.l[hh], 2u);
+  }
+  const float inv[2] = {r.l[0] == 0.0 ? 0.0 : 1.0 / r.l[0], r.l[1] == 0.0 ? 0.0 : 1.0 / r.l[1]};
   const uint out_first = pc.out_off + (tok0 * nh + h) * d;
   UNROLL for (uint f = 0u; f < HF; ++f) {
     UNROLL for (uint i = 0u; i < 8u; ++i) {
       const uint hh = (i >> ROW_SHIFT) & 1u;
-      const uint qi = hh == 0u ? row0 : row1;
+      const uint qi = hh == 0u ? r.row0 : r.row1;
       const uint c = f * 16u + lane_col(lane, i);
       if (qi < pc.seq) o[out_first + qi * nh * d + c] = acc[f][i] * inv[hh];
     }
@@ -285,8 +343,8 @@ void query_tile(const uint qt) {
   if ((lane & 3u) == 0u) {
     const uint stat = pc.lse_off + (b * nh + h) * pc.seq;
     UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
-      const uint qi = hh == 0u ? row0 : row1;
-      if (qi < pc.seq) lse[stat + qi] = l[hh] == 0.0 ? NEG_INF : (m[hh] + log2(l[hh])) * float(LN2);
+      const uint qi = hh == 0u ? r.row0 : r.row1;
+      if (qi < pc.seq) lse[stat + qi] = r.l[hh] == 0.0 ? NEG_INF : (r.m[hh] + log2(r.l[hh])) * float(LN2);
     }
   }
 }
