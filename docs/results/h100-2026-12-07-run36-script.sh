@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Run 36 (2026-12-07): the fused forward's leaner softmax (maxima on the raw scores, one fma per
+# element, per-lane row sums), its PIPELINE option (the next key tile's scores before this one's
+# softmax) at several tiles, dq from dS reading its rows straight from memory; against forja-prev
+# (main at the attention_row_dot_dout16 commit: the old forward, dS staged through shared memory).
+# Carry [".gl", ".dist"]: OUT=$OUT bash <this script>.
+set -o pipefail
+source bench/device_env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+SECONDS=0
+FORJA_PARITY_DIR=$PWD/.dist/parity timeout 90 .dist/forja_tests \
+  --gtest_filter='AttentionTest.Fused*:TrainStep.FoldedLora*:ParityMixed.*' > $OUT/tests.txt 2>&1
+echo "tests rc $? at $SECONDS s"; grep -E "^\[  (PASSED|FAILED)|FAILED  \]" $OUT/tests.txt | head -8
+A="bench attention --seq-len 2048 --heads 32 --kv-heads 8 --head-dim 128 --impl fused-backward --reps 5 --model-inputs"
+{
+  for r in 1 2; do
+    echo "== prev"; FORJA_ATTENTION_DQ_FROM_DS=1 timeout 40 .dist/forja-prev $A --dq-ds-warps 8 2>&1 | tail -1
+    echo "== new"; timeout 40 .dist/forja $A 2>&1 | tail -1
+  done
+  for t in 8,64,0,1 8,32,0,1 8,32,0,0 4,64,0,1 4,32,0,1 4,64,0,0 8,16,0,1; do
+    echo "== new --fused-forward-tiles $t"
+    FORJA_PIPELINE_STATS=1 timeout 40 .dist/forja $A --fused-forward-tiles $t > /tmp/t.txt 2>&1
+    grep -E "pipeline flash_fwd_khr" /tmp/t.txt | sed 's/Binary Size.*//'; tail -1 /tmp/t.txt
+  done
+  echo "== new B 4"; timeout 40 .dist/forja $A --batch 4 2>&1 | tail -1
+  echo "== new B 4 pipelined 8,32"; timeout 40 .dist/forja $A --batch 4 --fused-forward-tiles 8,32,0,1 2>&1 | tail -1
+} > $OUT/attn.txt 2>&1
+cat $OUT/attn.txt; echo "attention done at $SECONDS s"
+FORJA_PIPELINE_STATS=1 FORJA_PROFILE=serial timeout 40 .dist/forja $A > $OUT/attn-profile.txt 2>&1
+grep -E "flash_bwd|flash_fwd" $OUT/attn-profile.txt | sed 's/Binary Size.*//'
+grep -v "^forja: pipeline" $OUT/attn-profile.txt | grep -A12 "GPU profile"; echo "profile done at $SECONDS s"
+B="bench --shape qwen3-4b --peak-tflops 989 --json"
+one() {  # label, binary, env...
+  local label=$1 bin=$2; shift 2
+  env "$@" timeout 60 $bin $B $SHAPE 2>/dev/null | sed "s/^{/{\"run\":\"$label\",/" >> $OUT/train.jsonl
+  tail -1 $OUT/train.jsonl | python3 -c "
+import json, sys
+d = json.loads(sys.stdin.read())
+print(d['run'], d['batch'], d['seq'], round(d['tokens_per_s']), round(d['step_ms'], 1), round(d['peak_gib'], 2))"
+}
+SHAPE="--batch 1 --seq-len 2048 --grad-checkpointing on --steps 6 --warmup 2"
+for r in 1 2; do
+  one prev .dist/forja-prev FORJA_ATTENTION_DQ_FROM_DS=1
+  one new .dist/forja
+done
+echo "all done at $SECONDS s"
