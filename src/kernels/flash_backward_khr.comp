@@ -106,13 +106,9 @@ const uint CH = HD / 8u;        // uvec4 chunks (8 halves) per staged row
 const uint LD = CH + 1u;        // staged row stride in uvec4: one chunk of padding against bank conflicts
 const uint TILE = BT * LD;
 #if defined(FROM_DS)
-#if defined(EMULATE)
 const uint DLD = BT / 8u + 1u;  // staged dS row stride in uvec4
 const uint DS_AT = TILE;        // the workgroup's rows of dS for the key tile, after K
 const uint SH_SIZE = TILE + ROWS * DLD;
-#else
-const uint SH_SIZE = TILE;  // K; the subgroups read their rows of dS from memory
-#endif
 #elif defined(DQ)
 const uint OWN = 0u;  // the workgroup's own rows are staged before the loop, where the tiles go
 const uint SH_SIZE = 2u * TILE > ROWS * LD ? 2u * TILE : ROWS * LD;
@@ -207,7 +203,6 @@ void row_tile(const uint wt) {
     if (chi < rlo || clo > rhi) continue;  // no visible pair (the same decision in every subgroup)
     barrier();                             // every subgroup is done with the previous tile
     STAGE(k8, 0u, c0, BT, k_first, nkv * d);
-#if defined(EMULATE)
     // The workgroup's rows of dS for these keys (zero past the sequence, whose rows dS may not
     // hold, and where a row's block ends before these keys).
     for (uint x = gl_LocalInvocationIndex; x < ROWS * (BT / 8u); x += NT) {
@@ -215,20 +210,11 @@ void row_tile(const uint wt) {
       const bool held = qi < pc.seq && c0 + BT <= ds_row_len(qi);
       sh[DS_AT + r * DLD + c] = held ? ds8[(ds_head + ds_row(qi) + c0) / 8u + c] : uvec4(0u);
     }
-#endif
     barrier();
     if (c0 > rw + 15u) continue;           // every key of the tile is after this subgroup's last query
     if (chi < tlo || clo > thi) continue;  // the DKV kernel skipped this pair: its dS is not there
     FRAG_A dsa[NF];
-#if defined(EMULATE)
     UNROLL for (uint n = 0u; n < NF; ++n) LOAD_LD(dsa[n], DS_AT + warp * 16u * DLD + 2u * n, DLD, ROW_MAJOR);
-#else
-    // Each subgroup's own 16 rows of dS, straight from memory (no other subgroup reads them): the
-    // rows share their block of G, which holds these keys (c0 <= rw + 15 and c0 is a multiple of
-    // G); rows past the sequence exist in the block, and what they give lands in rows not written.
-    UNROLL for (uint n = 0u; n < NF; ++n)
-      coopMatLoad(dsa[n], ds8, (ds_head + ds_row(rw) + c0 + 16u * n) / 8u, ds_row_len(rw) / 8u, ROW_MAJOR);
-#endif
     UNROLL for (uint f = 0u; f < HF; ++f) {
       UNROLL for (uint n = 0u; n < NF; ++n) {
         FRAG_B kb;

@@ -29,8 +29,7 @@
 // Specialization constants: 0 workgroup size (32 x WARPS), 1 WARPS, 2 BC, 3 HD (= head_dim, a
 // multiple of 16 up to 128), 4 ROW_SHIFT and 5 COL_SHIFT (the accumulator's element order), 6
 // PREFETCH (the next key tile's loads in flight during this one's products), 7 PAIRED (each
-// workgroup takes two query tiles, see main), 8 PIPELINE (the next tile's S before this one's
-// softmax).
+// workgroup takes two query tiles, see main).
 // flash_fwd_khr_emu: the same without cooperative matrices (flash_khr_common.glsl), WARPS 1.
 //! variant flash_fwd_khr requires=nv_coopmat2
 //! variant flash_fwd_khr_emu -DEMULATE
@@ -71,11 +70,6 @@ layout(constant_id = 6) const bool PREFETCH = false;
 // cost the same and no long tile is left running alone at the end (one sequence gives 4 waves of
 // one workgroup per multiprocessor at 32 heads).
 layout(constant_id = 7) const bool PAIRED = false;
-// Whether each subgroup computes the next visible key tile's S = Q K^T before this tile's softmax,
-// so that the matrix cores work on it while the softmax runs (FlashAttention-3's overlap within a
-// warp): K of the next tile is staged with V of this one, and two S tiles are live in registers.
-// Not with PREFETCH.
-layout(constant_id = 8) const bool PIPELINE = false;
 
 layout(push_constant) uniform PC {
   uint seq, n_heads, n_kv_heads, head_dim;
@@ -255,73 +249,45 @@ void query_tile(const uint qt) {
 
   const uint q_end = min(pc.seq, q0 + BR);
   const uint tiles = (q_end + BC - 1u) / BC;
-  if (PIPELINE) {
-    // Tile j's V is staged with the next visible tile jn's K; S of jn is computed before tile j's
-    // softmax. Before the loop: the first visible tile's K and S.
-    int klo, khi, nlo, nhi;
-    bool kgap, ngap;
-    uint j = next_tile(0u, tiles, sbase, qlo, qhi, klo, khi, kgap);
-    FRAG_C s[NF], sn[NF];
-    if (j < tiles) {
-      barrier();  // q's staging is read
-      STAGE(k8, 0u, j * BC, BC, k_first, nkv * d);
-      barrier();
-      if (j * BC <= qw + 15u) scores(qa, s);
+  // With the prefetch, jn is the next visible tile (its segment range in nlo, nhi, ngap), whose
+  // loads are in flight. Without it, each tile's visibility is decided at its turn, in a loop
+  // counted by j alone: the H100 ran that 8-15% faster than a loop stepping to the next visible
+  // tile (B 1: 0.349 against 0.404 ms; docs/benchmarks.md, run 15).
+  int nlo, nhi;
+  bool ngap;
+  uvec4 pk[PER], pv[PER];
+  uint jn = PREFETCH ? next_tile(0u, tiles, sbase, qlo, qhi, nlo, nhi, ngap) : 0u;
+  if (PREFETCH && jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
+  for (uint j = 0u; j < tiles; ++j) {
+    const uint k0 = j * BC;
+    int klo, khi;
+    bool kgap;
+    if (PREFETCH) {
+      if (j != jn) continue;
+      klo = nlo, khi = nhi, kgap = ngap;
+    } else {
+      segment_range(sbase, k0, BC, klo, khi, kgap);
+      if (khi < qlo || klo > qhi) continue;  // no visible pair (the same decision in every subgroup)
     }
-    while (j < tiles) {
-      const uint k0 = j * BC;
-      const uint jn = next_tile(j + 1u, tiles, sbase, qlo, qhi, nlo, nhi, ngap);
-      barrier();  // every subgroup is done with tile j's K and the previous tile's V
+    barrier();  // every subgroup is done with the previous tile
+    if (PREFETCH) {
+      put(pk, pv);
+    } else {
+      STAGE(k8, 0u, k0, BC, k_first, nkv * d);
       STAGE(v8, KV_SIZE, k0, BC, v_first, nkv * d);
-      if (jn < tiles) STAGE(k8, 0u, jn * BC, BC, k_first, nkv * d);
-      for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
-      barrier();
-      if (jn < tiles && jn * BC <= qw + 15u) scores(qa, sn);
-      if (k0 <= qw + 15u) softmax_pv(s, k0, all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw), s2, r, acc);
-      UNROLL for (uint n = 0u; n < NF; ++n) s[n] = sn[n];
-      j = jn, klo = nlo, khi = nhi, kgap = ngap;
     }
-  } else {
-    // With the prefetch, jn is the next visible tile (its segment range in nlo, nhi, ngap), whose
-    // loads are in flight. Without it, each tile's visibility is decided at its turn, in a loop
-    // counted by j alone: the H100 ran that 8-15% faster than a loop stepping to the next visible
-    // tile (B 1: 0.349 against 0.404 ms; docs/benchmarks.md, run 15).
-    int nlo, nhi;
-    bool ngap;
-    uvec4 pk[PER], pv[PER];
-    uint jn = PREFETCH ? next_tile(0u, tiles, sbase, qlo, qhi, nlo, nhi, ngap) : 0u;
-    if (PREFETCH && jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
-    for (uint j = 0u; j < tiles; ++j) {
-      const uint k0 = j * BC;
-      int klo, khi;
-      bool kgap;
-      if (PREFETCH) {
-        if (j != jn) continue;
-        klo = nlo, khi = nhi, kgap = ngap;
-      } else {
-        segment_range(sbase, k0, BC, klo, khi, kgap);
-        if (khi < qlo || klo > qhi) continue;  // no visible pair (the same decision in every subgroup)
-      }
-      barrier();  // every subgroup is done with the previous tile
-      if (PREFETCH) {
-        put(pk, pv);
-      } else {
-        STAGE(k8, 0u, k0, BC, k_first, nkv * d);
-        STAGE(v8, KV_SIZE, k0, BC, v_first, nkv * d);
-      }
-      for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
-      barrier();
-      // With the prefetch, the next visible tile's loads go out now and land while this one is
-      // computed.
-      if (PREFETCH) {
-        jn = next_tile(j + 1u, tiles, sbase, qlo, qhi, nlo, nhi, ngap);
-        if (jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
-      }
-      if (k0 > qw + 15u) continue;  // past this subgroup's last row
-      FRAG_C s[NF];
-      scores(qa, s);
-      softmax_pv(s, k0, all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw), s2, r, acc);
+    for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
+    barrier();
+    // With the prefetch, the next visible tile's loads go out now and land while this one is
+    // computed.
+    if (PREFETCH) {
+      jn = next_tile(j + 1u, tiles, sbase, qlo, qhi, nlo, nhi, ngap);
+      if (jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
     }
+    if (k0 > qw + 15u) continue;  // past this subgroup's last row
+    FRAG_C s[NF];
+    scores(qa, s);
+    softmax_pv(s, k0, all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw), s2, r, acc);
   }
 
   // The rows' sums from the lanes' shares; out = O / l for this lane's elements (two adjacent

@@ -191,13 +191,10 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
   const uint32_t warps = f.emulated ? 1 : o.fused_forward_tiles.warps;
   const uint32_t keys = f.emulated ? o.emulated_tile : o.fused_forward_tiles.keys;
   check_fused_forward_tiles(ctx, warps, keys, m.d);
-  if (o.fused_forward_tiles.pipelined && o.fused_forward_tiles.prefetch)
-    throw std::invalid_argument("fused attention forward: the pipelined tiles and the prefetch exclude each other");
   const auto& p = ctx.pipelines().get(f.emulated ? kernels::flash_fwd_khr_emu : kernels::flash_fwd_khr,
                                       {warps * 32, warps, keys, m.d, f.row_shift, f.col_shift,
                                        o.fused_forward_tiles.prefetch ? 1u : 0u,
-                                       o.fused_forward_tiles.paired ? 1u : 0u,
-                                       o.fused_forward_tiles.pipelined ? 1u : 0u});
+                                       o.fused_forward_tiles.paired ? 1u : 0u});
   const uint32_t rows_per_group = warps * 16;
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_forward", m);
   const uint32_t group = std::min(per, m.batch);

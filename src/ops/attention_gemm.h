@@ -61,9 +61,6 @@ struct AttentionGemmOptions {
     uint32_t warps = 8, keys = 64;
     bool prefetch = false;
     bool paired = attention_paired_default();
-    // Each subgroup computes the next key tile's scores before this one's softmax (the kernel's
-    // PIPELINE), so that the matrix cores work during the softmax; not with prefetch.
-    bool pipelined = false;
   } fused_forward_tiles;
   // The backward as two fused kernels (kernels/flash_backward_khr.comp: dq per query tile; dk and
   // dv together per key tile, summing a kv head's query heads; P recomputed from lse in registers)

@@ -55,7 +55,6 @@ struct Impl {
   uint32_t emulated_row_shift = 0;  // > 0: the fused kernels' emulation, with this accumulator order
   uint32_t emulated_tile = 32;      // and this tile of keys / queries
   bool forward_prefetch = false;    // the fused forward's prefetch of the next key tile
-  bool forward_pipelined = false;   // or its next tile's scores before this one's softmax
   uint32_t forward_keys = 0;        // > 0: the fused forward's key tile on the device
   bool paired = false;              // the fused kernels' workgroups take two row tiles
   bool dq_from_ds = true;           // the fused backward's dq from dS through memory
@@ -65,7 +64,7 @@ struct Impl {
                       (emulated_row_shift ? " emulated, row shift " + std::to_string(emulated_row_shift) +
                                                 ", tile " + std::to_string(emulated_tile)
                                           : "") +
-                      (forward_prefetch ? ", prefetch" : "") + (forward_pipelined ? ", pipelined" : "") +
+                      (forward_prefetch ? ", prefetch" : "") + 
                       (forward_keys ? ", forward keys " + std::to_string(forward_keys) : "") +
                       (paired ? ", paired" : "") +
                       (fused_backward && !dq_from_ds ? ", dq recomputed" : "")
@@ -79,7 +78,6 @@ struct Impl {
     if (o.fused_emulated) o.emulated_row_shift = emulated_row_shift;
     o.emulated_tile = emulated_tile;
     o.fused_forward_tiles.prefetch = forward_prefetch;
-    o.fused_forward_tiles.pipelined = forward_pipelined;
     if (forward_keys) o.fused_forward_tiles.keys = forward_keys;
     o.fused_forward_tiles.paired = o.fused_backward_tiles.paired = paired;
     o.dq_from_ds = dq_from_ds;
@@ -237,19 +235,17 @@ TEST_F(AttentionTest, GemmPathPackedSegmentsMatchReference) {
 
 // The fused forward kernel (kernels/flash_forward_khr.comp), where the device runs it (NVIDIA):
 // head_dim 16, 64, 128, sequences shorter than, equal to and beyond its 64-row and 64-key tiles,
-// with ragged ends; causal and packed; one or two query tiles per workgroup; the next key tile's
-// scores before this one's softmax (pipelined) at tiles of 64 and 32 keys; the backward (GEMM
-// kernels) on its out and lse.
+// with ragged ends; causal and packed; one or two query tiles per workgroup; tiles of 64 and 32
+// keys; the backward (GEMM kernels) on its out and lse.
 TEST_F(AttentionTest, FusedForwardMatchesReference) {
   const std::string why = ops::attention_fused_forward_unsupported(ctx(), 64);
   if (!why.empty()) GTEST_SKIP() << "no fused attention forward here: " << why;
   const Shape shapes[] = {{2, 7, 4, 2, 16},   {2, 65, 4, 2, 128}, {1, 64, 3, 1, 64}, {2, 130, 6, 1, 64},
                           {1, 200, 4, 2, 128}, {1, 256, 8, 2, 128}, {3, 33, 2, 2, 32}};
   Impl fused{true, ops::GemmKernel::automatic, 0, true};
-  for (const uint32_t mode : {0, 1, 2, 3}) {
-    fused.paired = mode == 1 || mode == 3;
-    fused.forward_pipelined = mode >= 2;
-    fused.forward_keys = mode == 3 ? 32 : 0;
+  for (const uint32_t mode : {0, 1, 2}) {
+    fused.paired = mode >= 1;
+    fused.forward_keys = mode == 2 ? 32 : 0;
     for (const Shape& s : shapes) {
       check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
       check(s, packed_segments(s, rng_), fused);
@@ -286,9 +282,9 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
 // the backward's recomputation from lse, forward and backward, in both accumulator orders the
 // kernels know; dq recomputed (cases 0, 2, 4, 6) or from the dS the dk/dv kernel wrote (1, 3, 5:
 // dS blocks of 16 and 64 queries); sequences shorter than and beyond the emulation's 16-row and 32-key tiles, head_dim
-// 16 to 128, GQA 1 to 6, causal and packed; the forward's three ways of staging, the row
-// tiles one or two per workgroup (cases 1, 2, 5, 6: odd and even tile counts), the forward
-// plain (cases 0, 3, 6), with its prefetch (1, 4) or pipelined (2, 5). Lavapipe
+// 16 to 128, GQA 1 to 6, causal and packed; the forward with and without its prefetch, the row
+// tiles one or two per workgroup (cases 1, 2, 5, 6: odd and even tile counts), the forward with
+// its prefetch (cases 1, 3, 5) and without. Lavapipe
 // compiles each (kernel, head_dim, order) for about 2 s, so few of them are asked for.
 TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
   // (shape, accumulator order, tile): tile 64 is the real kernels' (forward keys, the backward's
@@ -300,8 +296,7 @@ TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
   for (const auto& [s, row_shift, tile] : cases) {
     Impl fused{true, ops::GemmKernel::automatic, 0, true};
     fused.fused_backward = true;
-    fused.forward_prefetch = index % 3 == 1;
-    fused.forward_pipelined = index % 3 == 2;
+    fused.forward_prefetch = index % 2 == 1;
     fused.paired = index % 4 == 1 || index % 4 == 2;
     fused.dq_from_ds = index % 2 == 1;
     ++index;
