@@ -163,6 +163,46 @@ void emu_store_ds(float[8] m, uint at, uint ld) {
 #define STORE_DS_FRAG(m, at, ld) coopMatStore(m, ds8, (at) / 8u, (ld) / 8u, COL_MAJOR)
 #endif
 
+#if defined(FROM_DS)
+// The prefetch of dq from dS: this invocation's chunks of a key tile's K rows (PK) and of the
+// workgroup's dS rows for those keys (PD), loaded into registers while the previous tile is
+// computed and stored to shared memory after it. dS is zero past the sequence (whose rows it may
+// not hold) and where a row's block ends before these keys.
+const uint PK = (BT * CH + NT - 1u) / NT;
+const uint PD = (ROWS * (BT / 8u) + NT - 1u) / NT;
+void fetch_dq(uint c0, uint r0, uint k_first, uint ld, uint ds_head, out uvec4 pk[PK], out uvec4 pd[PD]) {
+  UNROLL for (uint i = 0u; i < PK; ++i) {
+    const uint x = gl_LocalInvocationIndex + i * NT, r = x / CH, c = x % CH;
+    pk[i] = x < BT * CH && c0 + r < pc.seq ? k8[(k_first + (c0 + r) * ld) / 8u + c] : uvec4(0u);
+  }
+  UNROLL for (uint i = 0u; i < PD; ++i) {
+    const uint x = gl_LocalInvocationIndex + i * NT, r = x / (BT / 8u), c = x % (BT / 8u), qi = r0 + r;
+    const bool held = x < ROWS * (BT / 8u) && qi < pc.seq && c0 + BT <= ds_row_len(qi);
+    pd[i] = held ? ds8[(ds_head + ds_row(qi) + c0) / 8u + c] : uvec4(0u);
+  }
+}
+void put_dq(const uvec4 pk[PK], const uvec4 pd[PD]) {
+  UNROLL for (uint i = 0u; i < PK; ++i) {
+    const uint x = gl_LocalInvocationIndex + i * NT;
+    if (x < BT * CH) sh[(x / CH) * LD + x % CH] = pk[i];
+  }
+  UNROLL for (uint i = 0u; i < PD; ++i) {
+    const uint x = gl_LocalInvocationIndex + i * NT;
+    if (x < ROWS * (BT / 8u)) sh[DS_AT + (x / (BT / 8u)) * DLD + x % (BT / 8u)] = pd[i];
+  }
+}
+// The first key tile at or after j with a visible pair for the rows' segments [rlo, rhi], with its
+// segment range; the same in every subgroup.
+uint next_key_tile(uint j, uint tiles, uint sbase, int rlo, int rhi, out int clo, out int chi) {
+  for (; j < tiles; ++j) {
+    bool cgap;
+    segment_range(sbase, j * BT, BT, clo, chi, cgap);
+    if (chi >= rlo && clo <= rhi) break;
+  }
+  return j;
+}
+#endif
+
 // Row tile wt (queries for DQ, keys for DKV) of gl_WorkGroupID.y's head(s), sequence
 // gl_WorkGroupID.z.
 void row_tile(const uint wt) {
@@ -195,22 +235,20 @@ void row_tile(const uint wt) {
   segment_range(sbase, qt0, DS_QUERIES, tlo, thi, tgap);
   const uint r_end = min(pc.seq, r0 + ROWS);
   const uint tiles = (r_end + BT - 1u) / BT;
-  for (uint j = 0u; j < tiles; ++j) {
-    const uint c0 = j * BT;  // the key tile's first key: the DKV kernel's workgroup tile
-    int clo, chi;
-    bool cgap;
-    segment_range(sbase, c0, BT, clo, chi, cgap);
-    if (chi < rlo || clo > rhi) continue;  // no visible pair (the same decision in every subgroup)
-    barrier();                             // every subgroup is done with the previous tile
-    STAGE(k8, 0u, c0, BT, k_first, nkv * d);
-    // The workgroup's rows of dS for these keys (zero past the sequence, whose rows dS may not
-    // hold, and where a row's block ends before these keys).
-    for (uint x = gl_LocalInvocationIndex; x < ROWS * (BT / 8u); x += NT) {
-      const uint r = x / (BT / 8u), c = x % (BT / 8u), qi = r0 + r;
-      const bool held = qi < pc.seq && c0 + BT <= ds_row_len(qi);
-      sh[DS_AT + r * DLD + c] = held ? ds8[(ds_head + ds_row(qi) + c0) / 8u + c] : uvec4(0u);
-    }
+  // The visible key tiles in turn, the next one's K and dS in flight while this one is computed:
+  // a tile is one product per subgroup, too short to wait for its own loads.
+  int nlo, nhi;
+  uvec4 pk[PK], pd[PD];
+  uint jn = next_key_tile(0u, tiles, sbase, rlo, rhi, nlo, nhi);
+  if (jn < tiles) fetch_dq(jn * BT, r0, k_first, nkv * d, ds_head, pk, pd);
+  while (jn < tiles) {
+    const uint c0 = jn * BT;  // the key tile's first key: the DKV kernel's workgroup tile
+    const int clo = nlo, chi = nhi;
+    barrier();  // every subgroup is done with the previous tile
+    put_dq(pk, pd);
     barrier();
+    jn = next_key_tile(jn + 1u, tiles, sbase, rlo, rhi, nlo, nhi);
+    if (jn < tiles) fetch_dq(jn * BT, r0, k_first, nkv * d, ds_head, pk, pd);
     if (c0 > rw + 15u) continue;           // every key of the tile is after this subgroup's last query
     if (chi < tlo || clo > thi) continue;  // the DKV kernel skipped this pair: its dS is not there
     FRAG_A dsa[NF];
