@@ -408,16 +408,27 @@ void row_tile(const uint wt) {
         }
       }
       // P^T = exp2(S^T s2 - lse2[query]), 0 where masked (into s); dS^T = P^T (dP^T - D[query])
-      // (into dp).
-      UNROLL for (uint n = 0u; n < NF; ++n) {
-        UNROLL for (uint i = 0u; i < 8u; ++i) {
-          const uint hh = (i >> ROW_SHIFT) & 1u;
-          const uint c = n * 16u + lane_col(lane, i);
-          bool visible = true;
-          if (!full) visible = row[hh] <= c0 + c && c0 + c < pc.seq && rseg[hh] != 0 && sseg[c] == rseg[hh];
-          const float p = visible ? exp2(s[n][i] * s2 - slse[c]) : 0.0;
-          s[n][i] = p;
-          dp[n][i] = p * (dp[n][i] - sdrow[c]);
+      // (into dp). The masked form only where some pair is not visible: one branch per tile
+      // rather than one per element.
+      if (full) {
+        UNROLL for (uint n = 0u; n < NF; ++n) {
+          UNROLL for (uint i = 0u; i < 8u; ++i) {
+            const uint c = n * 16u + lane_col(lane, i);
+            const float p = exp2(s[n][i] * s2 - slse[c]);
+            s[n][i] = p;
+            dp[n][i] = p * (dp[n][i] - sdrow[c]);
+          }
+        }
+      } else {
+        UNROLL for (uint n = 0u; n < NF; ++n) {
+          UNROLL for (uint i = 0u; i < 8u; ++i) {
+            const uint hh = (i >> ROW_SHIFT) & 1u;
+            const uint c = n * 16u + lane_col(lane, i);
+            const bool visible = row[hh] <= c0 + c && c0 + c < pc.seq && rseg[hh] != 0 && sseg[c] == rseg[hh];
+            const float p = visible ? exp2(s[n][i] * s2 - slse[c]) : 0.0;
+            s[n][i] = p;
+            dp[n][i] = p * (dp[n][i] - sdrow[c]);
+          }
         }
       }
       // dv += P^T dout, dk += dS^T Q: the left factors (rounded to fp16 by the conversion) as A

@@ -163,19 +163,22 @@ struct Rows {
 // theirs at the end.
 void softmax_pv(inout FRAG_C s[NF], uint k0, bool full, float s2, inout Rows r, inout FRAG_C acc[HF]) {
   const uint lane = LANE;
-  float mx[2] = {NEG_INF, NEG_INF};
-  UNROLL for (uint n = 0u; n < NF; ++n) {
-    UNROLL for (uint i = 0u; i < 8u; ++i) {
-      const uint hh = (i >> ROW_SHIFT) & 1u;
-      if (!full) {
+  // The mask in a pass of its own, one branch per tile rather than one per element in the loop
+  // the rest runs.
+  if (!full) {
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      UNROLL for (uint i = 0u; i < 8u; ++i) {
+        const uint hh = (i >> ROW_SHIFT) & 1u;
         const uint c = n * 16u + lane_col(lane, i);
         const uint qi = hh == 0u ? r.row0 : r.row1;
         const int sq = hh == 0u ? r.seg0 : r.seg1;
         if (k0 + c > qi || qi >= pc.seq || sq == 0 || sseg_k[c] != sq) s[n][i] = NEG_INF;
       }
-      mx[hh] = max(mx[hh], s[n][i]);
     }
   }
+  float mx[2] = {NEG_INF, NEG_INF};
+  UNROLL for (uint n = 0u; n < NF; ++n)
+    UNROLL for (uint i = 0u; i < 8u; ++i) mx[(i >> ROW_SHIFT) & 1u] = max(mx[(i >> ROW_SHIFT) & 1u], s[n][i]);
   float alpha[2], m_use[2];
   UNROLL for (uint hh = 0u; hh < 2u; ++hh) {
     mx[hh] = max(mx[hh], SHUFFLE_XOR(mx[hh], 1u));
