@@ -315,17 +315,24 @@ void row_tile(const uint wt) {
         dp[n] = MMA(da[k], vb, dp[n]);
       }
     }
-    // dS = P (dP - D), P = exp2(S s2 - lse2) on this lane's elements, 0 where masked.
-    UNROLL for (uint n = 0u; n < NF; ++n) {
-      UNROLL for (uint i = 0u; i < 8u; ++i) {
-        const uint hh = (i >> ROW_SHIFT) & 1u;
-        bool visible = true;
-        if (!full) {
-          const uint c = n * 16u + lane_col(lane, i);
-          visible = c0 + c <= row[hh] && row[hh] < pc.seq && rseg[hh] != 0 && sseg[c] == rseg[hh];
+    // dS = P (dP - D), P = exp2(S s2 - lse2) on this lane's elements, 0 where masked; the masked
+    // form only where some pair is not visible (one branch per tile, not per element: run 38).
+    if (full) {
+      UNROLL for (uint n = 0u; n < NF; ++n) {
+        UNROLL for (uint i = 0u; i < 8u; ++i) {
+          const uint hh = (i >> ROW_SHIFT) & 1u;
+          s[n][i] = exp2(s[n][i] * s2 - lse2[hh]) * (dp[n][i] - dd[hh]);
         }
-        const float p = visible ? exp2(s[n][i] * s2 - lse2[hh]) : 0.0;
-        s[n][i] = p * (dp[n][i] - dd[hh]);
+      }
+    } else {
+      UNROLL for (uint n = 0u; n < NF; ++n) {
+        UNROLL for (uint i = 0u; i < 8u; ++i) {
+          const uint hh = (i >> ROW_SHIFT) & 1u;
+          const uint c = n * 16u + lane_col(lane, i);
+          const bool visible = c0 + c <= row[hh] && row[hh] < pc.seq && rseg[hh] != 0 && sseg[c] == rseg[hh];
+          const float p = visible ? exp2(s[n][i] * s2 - lse2[hh]) : 0.0;
+          s[n][i] = p * (dp[n][i] - dd[hh]);
+        }
       }
     }
     // dq += dS K: dS (rounded to fp16 by the conversion) as A fragments, K staged row-major.
