@@ -8,8 +8,9 @@
 // query rows, holds their q as A fragments and their output as HD/16 accumulators for the whole
 // loop. Per key tile of BC keys, the workgroup stages K and V (fp16 copies the host makes, rounded
 // to nearest even as every fp16 operand of forja) in shared memory; each subgroup computes its
-// S = Q K^T (BC/16 accumulators), the online softmax on its own elements (row maxima and sums
-// across the four lanes that share a row, by subgroup shuffles), rescales its accumulators,
+// S = Q K^T (BC/16 accumulators), the online softmax on its own elements (row maxima across the
+// four lanes that share a row, by subgroup shuffles; each lane's share of the row sums, added
+// across the lanes at the end), rescales its accumulators,
 // converts P to A fragments (GL_NV_cooperative_matrix2's conversion between uses) and adds P V.
 // No [S, S] matrix exists anywhere and nothing goes through memory between the products.
 //
