@@ -191,16 +191,6 @@ void put_dq(const uvec4 pk[PK], const uvec4 pd[PD]) {
     if (x < ROWS * (BT / 8u)) sh[DS_AT + (x / (BT / 8u)) * DLD + x % (BT / 8u)] = pd[i];
   }
 }
-// The first key tile at or after j with a visible pair for the rows' segments [rlo, rhi], with its
-// segment range; the same in every subgroup.
-uint next_key_tile(uint j, uint tiles, uint sbase, int rlo, int rhi, out int clo, out int chi) {
-  for (; j < tiles; ++j) {
-    bool cgap;
-    segment_range(sbase, j * BT, BT, clo, chi, cgap);
-    if (chi >= rlo && clo <= rhi) break;
-  }
-  return j;
-}
 #endif
 
 // Row tile wt (queries for DQ, keys for DKV) of gl_WorkGroupID.y's head(s), sequence
@@ -238,8 +228,9 @@ void row_tile(const uint wt) {
   // The visible key tiles in turn, the next one's K and dS in flight while this one is computed:
   // a tile is one product per subgroup, too short to wait for its own loads.
   int nlo, nhi;
+  bool ngap;
   uvec4 pk[PK], pd[PD];
-  uint jn = next_key_tile(0u, tiles, sbase, rlo, rhi, nlo, nhi);
+  uint jn = next_visible_tile(0u, tiles, BT, sbase, rlo, rhi, nlo, nhi, ngap);
   if (jn < tiles) fetch_dq(jn * BT, r0, k_first, nkv * d, ds_head, pk, pd);
   while (jn < tiles) {
     const uint c0 = jn * BT;  // the key tile's first key: the DKV kernel's workgroup tile
@@ -247,7 +238,7 @@ void row_tile(const uint wt) {
     barrier();  // every subgroup is done with the previous tile
     put_dq(pk, pd);
     barrier();
-    jn = next_key_tile(jn + 1u, tiles, sbase, rlo, rhi, nlo, nhi);
+    jn = next_visible_tile(jn + 1u, tiles, BT, sbase, rlo, rhi, nlo, nhi, ngap);
     if (jn < tiles) fetch_dq(jn * BT, r0, k_first, nkv * d, ds_head, pk, pd);
     if (c0 > rw + 15u) continue;           // every key of the tile is after this subgroup's last query
     if (chi < tlo || clo > thi) continue;  // the DKV kernel skipped this pair: its dS is not there

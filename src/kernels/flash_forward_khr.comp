@@ -105,17 +105,6 @@ shared int sseg_k[BC];
 
 #include "flash_khr_common.glsl"
 
-// The first key tile at or after j with a visible pair for the query rows' segments [qlo, qhi]
-// (tiles past the causal limit are beyond `tiles`), with its segment range; the same in every
-// subgroup.
-uint next_tile(uint j, uint tiles, uint sbase, int qlo, int qhi, out int klo, out int khi, out bool kgap) {
-  for (; j < tiles; ++j) {
-    segment_range(sbase, j * BC, BC, klo, khi, kgap);
-    if (khi >= qlo && klo <= qhi) break;
-  }
-  return j;
-}
-
 // The prefetch: this invocation's chunks of a key tile's k and v rows, PER of each.
 const uint PER = (BC * CH + NT - 1u) / NT;
 void fetch(uint k0, uint k_first, uint v_first, uint ld, out uvec4 pk[PER], out uvec4 pv[PER]) {
@@ -260,7 +249,7 @@ void query_tile(const uint qt) {
   int nlo, nhi;
   bool ngap;
   uvec4 pk[PER], pv[PER];
-  uint jn = PREFETCH ? next_tile(0u, tiles, sbase, qlo, qhi, nlo, nhi, ngap) : 0u;
+  uint jn = PREFETCH ? next_visible_tile(0u, tiles, BC, sbase, qlo, qhi, nlo, nhi, ngap) : 0u;
   if (PREFETCH && jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
   for (uint j = 0u; j < tiles; ++j) {
     const uint k0 = j * BC;
@@ -285,7 +274,7 @@ void query_tile(const uint qt) {
     // With the prefetch, the next visible tile's loads go out now and land while this one is
     // computed.
     if (PREFETCH) {
-      jn = next_tile(j + 1u, tiles, sbase, qlo, qhi, nlo, nhi, ngap);
+      jn = next_visible_tile(j + 1u, tiles, BC, sbase, qlo, qhi, nlo, nhi, ngap);
       if (jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
     }
     if (k0 > qw + 15u) continue;  // past this subgroup's last row

@@ -86,6 +86,18 @@ void segment_range(uint sbase, uint first, uint count, out int lo, out int hi, o
   gap = subgroupAny(z);
 }
 
+// The first tile at or after tile j (of `tiles`, `size` positions each) with a visible pair for
+// rows whose segments span [lo, hi] (tiles past the causal limit are beyond `tiles`), with its
+// segment range; the same in every subgroup.
+uint next_visible_tile(uint j, uint tiles, uint size, uint sbase, int lo, int hi, out int tlo, out int thi,
+                       out bool tgap) {
+  for (; j < tiles; ++j) {
+    segment_range(sbase, j * size, size, tlo, thi, tgap);
+    if (thi >= lo && tlo <= hi) break;
+  }
+  return j;
+}
+
 #if defined(EMULATE)
 shared float emu_a[256], emu_b[256], emu_x[32];
 
