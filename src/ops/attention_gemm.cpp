@@ -314,8 +314,8 @@ void row_dot(gpu::Context& ctx, const Dims& m, uint32_t nb, const Bound& out, co
   std::vector<gpu::Binding> bindings = {
       {out.buffer, gpu::Access::read}, {dout.buffer, gpu::Access::read}, {drow.buffer, gpu::Access::write}};
   if (dout16) bindings.push_back({*dout16, gpu::Access::write});
-  ctx.dispatch(ctx.pipelines().get(kernel), bindings, push, static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t(rows) + 7) / 8, 1, kMaxGroupsX)), 1, 1,
-               "attention_row_dot", 2.0 * rows * m.d);
+  const auto groups = static_cast<uint32_t>(std::clamp<uint64_t>((uint64_t(rows) + 7) / 8, 1, kMaxGroupsX));
+  ctx.dispatch(ctx.pipelines().get(kernel), bindings, push, groups, 1, 1, "attention_row_dot", 2.0 * rows * m.d);
 }
 
 // The backward as two kernels per group of sequences, on fp16 copies of q, k, v and dout that
