@@ -68,11 +68,6 @@ layout(constant_id = 6) const bool PAIRED = false;
 // The _ds variants: the DKV kernel's query tile (the DQ kernel's key tile BT is the DKV kernel's
 // keys per workgroup).
 layout(constant_id = 7) const uint DS_QUERIES = 32;
-// DKV: whether each subgroup reads its q and dout fragments, lse, D and segment ids straight from
-// memory (L1 and L2 serve the workgroup's other subgroups) instead of from query tiles the
-// workgroup stages in shared memory: no barrier inside the loop. Only where every query tile is
-// whole (the host: seq a multiple of BT) and never in the emulation.
-layout(constant_id = 8) const bool DIRECT = false;
 
 layout(push_constant) uniform PC {
   uint seq, n_heads, n_kv_heads, head_dim;
@@ -130,16 +125,6 @@ shared float sdrow[BT];  // and its D
 #endif
 
 #include "flash_khr_common.glsl"
-
-// The fragment of a query tile's rows 16 n... and columns 16 k... read as `major`: from the tile
-// staged at sh[at...], or (DIRECT) from BUF's rows of ld8 uvec4s from uvec4 g (the tile's first).
-#if defined(EMULATE)
-#define LOAD_TILE(m, BUF, g, ld8, at, n, k, major) LOAD(m, (at) + (n) * 16u * LD + 2u * (k), major)
-#else
-#define LOAD_TILE(m, BUF, g, ld8, at, n, k, major)                                 \
-  if (DIRECT) coopMatLoad(m, BUF, (g) + (n) * 16u * (ld8) + 2u * (k), ld8, major); \
-  else LOAD(m, (at) + (n) * 16u * LD + 2u * (k), major)
-#endif
 
 // dS's block of queries: the larger of the DKV kernel's keys per workgroup and its query tile
 // (in DQ those are BT and DS_QUERIES, in DKV ROWS and BT).
@@ -367,9 +352,7 @@ void row_tile(const uint wt) {
     LOAD(ka[k], OWN + warp * 16u * LD + 2u * k, ROW_MAJOR);
   barrier();
   STAGE(v8, OWN, r0, ROWS, k_first, nkv * d);
-  if (DIRECT) barrier();  // (staged: the loop's first barrier)
   FRAG_C dv[HF];  // acc holds dk
-  const uint ld8 = nh * d / 8u;
   UNROLL for (uint f = 0u; f < HF; ++f) dv[f] = C_ZERO;
 
   for (uint hq = part * heads; hq < part * heads + heads; ++hq) {
@@ -382,19 +365,16 @@ void row_tile(const uint wt) {
       bool cgap;
       segment_range(sbase, c0, BT, clo, chi, cgap);
       if (chi < rlo || clo > rhi) continue;  // no visible pair (the same decision in every subgroup)
-      if (!DIRECT) {
-        barrier();  // every subgroup is done with the previous tile (and v is staged)
-        STAGE(q8, 0u, c0, BT, q_first, nh * d);
-        STAGE(do8, TILE, c0, BT, q_first, nh * d);
-        for (uint c = gl_LocalInvocationIndex; c < BT; c += NT) {
-          const bool inside = c0 + c < pc.seq;
-          sseg[c] = inside ? seg[sbase + c0 + c] : 0;
-          slse[c] = inside ? lse[pc.lse_off + stat + c0 + c] * float(LOG2E) : 0.0;
-          sdrow[c] = inside ? drow[pc.drow_off + stat + c0 + c] : 0.0;
-        }
-        barrier();
+      barrier();                             // every subgroup is done with the previous tile (and v is staged)
+      STAGE(q8, 0u, c0, BT, q_first, nh * d);
+      STAGE(do8, TILE, c0, BT, q_first, nh * d);
+      for (uint c = gl_LocalInvocationIndex; c < BT; c += NT) {
+        const bool inside = c0 + c < pc.seq;
+        sseg[c] = inside ? seg[sbase + c0 + c] : 0;
+        slse[c] = inside ? lse[pc.lse_off + stat + c0 + c] * float(LOG2E) : 0.0;
+        sdrow[c] = inside ? drow[pc.drow_off + stat + c0 + c] : 0.0;
       }
-      const uint qat = (q_first + c0 * nh * d) / 8u;  // the tile's first row (DIRECT)
+      barrier();
 #if defined(STORE_DS)
       const uint ds_head = (b * nh + h) * ds_head_size();
 #endif
@@ -419,9 +399,9 @@ void row_tile(const uint wt) {
         LOAD(va, OWN + warp * 16u * LD + 2u * k, ROW_MAJOR);
         UNROLL for (uint n = 0u; n < NF; ++n) {
           FRAG_B qb, db;
-          LOAD_TILE(qb, q8, qat, ld8, 0u, n, k, COL_MAJOR);
+          LOAD(qb, n * 16u * LD + 2u * k, COL_MAJOR);
           s[n] = MMA(ka[k], qb, s[n]);
-          LOAD_TILE(db, do8, qat, ld8, TILE, n, k, COL_MAJOR);
+          LOAD(db, TILE + n * 16u * LD + 2u * k, COL_MAJOR);
           dp[n] = MMA(va, db, dp[n]);
         }
       }
@@ -432,9 +412,9 @@ void row_tile(const uint wt) {
         UNROLL for (uint n = 0u; n < NF; ++n) {
           UNROLL for (uint i = 0u; i < 8u; ++i) {
             const uint c = n * 16u + lane_col(lane, i);
-            const float p = exp2(s[n][i] * s2 - (DIRECT ? lse[pc.lse_off + stat + c0 + c] * float(LOG2E) : slse[c]));
+            const float p = exp2(s[n][i] * s2 - slse[c]);
             s[n][i] = p;
-            dp[n][i] = p * (dp[n][i] - (DIRECT ? drow[pc.drow_off + stat + c0 + c] : sdrow[c]));
+            dp[n][i] = p * (dp[n][i] - sdrow[c]);
           }
         }
       } else {
@@ -442,11 +422,10 @@ void row_tile(const uint wt) {
           UNROLL for (uint i = 0u; i < 8u; ++i) {
             const uint hh = (i >> ROW_SHIFT) & 1u;
             const uint c = n * 16u + lane_col(lane, i);
-            const bool visible = row[hh] <= c0 + c && c0 + c < pc.seq && rseg[hh] != 0 &&
-                                 (DIRECT ? seg[sbase + c0 + c] : sseg[c]) == rseg[hh];
-            const float p = visible ? exp2(s[n][i] * s2 - (DIRECT ? lse[pc.lse_off + stat + c0 + c] * float(LOG2E) : slse[c])) : 0.0;
+            const bool visible = row[hh] <= c0 + c && c0 + c < pc.seq && rseg[hh] != 0 && sseg[c] == rseg[hh];
+            const float p = visible ? exp2(s[n][i] * s2 - slse[c]) : 0.0;
             s[n][i] = p;
-            dp[n][i] = p * (dp[n][i] - (DIRECT ? drow[pc.drow_off + stat + c0 + c] : sdrow[c]));
+            dp[n][i] = p * (dp[n][i] - sdrow[c]);
           }
         }
       }
@@ -464,9 +443,9 @@ void row_tile(const uint wt) {
       UNROLL for (uint f = 0u; f < HF; ++f) {
         UNROLL for (uint n = 0u; n < NF; ++n) {
           FRAG_B qb, db;
-          LOAD_TILE(db, do8, qat, ld8, TILE, n, f, ROW_MAJOR);
+          LOAD(db, TILE + n * 16u * LD + 2u * f, ROW_MAJOR);
           dv[f] = MMA(pa[n], db, dv[f]);
-          LOAD_TILE(qb, q8, qat, ld8, 0u, n, f, ROW_MAJOR);
+          LOAD(qb, n * 16u * LD + 2u * f, ROW_MAJOR);
           acc[f] = MMA(dsa[n], qb, acc[f]);
         }
       }

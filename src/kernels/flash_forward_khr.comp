@@ -71,12 +71,6 @@ layout(constant_id = 6) const bool PREFETCH = false;
 // cost the same and no long tile is left running alone at the end (one sequence gives 4 waves of
 // one workgroup per multiprocessor at 32 heads).
 layout(constant_id = 7) const bool PAIRED = false;
-// Whether each subgroup reads its K and V fragments straight from the fp16 copies (L1 and L2
-// serve the workgroup's other subgroups) instead of from tiles the workgroup stages in shared
-// memory: no barrier inside the loop, so a subgroup never waits for the others or for the
-// staging. Only where every key tile is whole (the host: seq a multiple of BC) and never in the
-// emulation.
-layout(constant_id = 8) const bool DIRECT = false;
 
 layout(push_constant) uniform PC {
   uint seq, n_heads, n_kv_heads, head_dim;
@@ -131,28 +125,13 @@ void put(const uvec4 pk[PER], const uvec4 pv[PER]) {
   }
 }
 
-// The fragment of the key tile's rows 16 n... and columns 16 k... read as `major`: from the tile
-// staged at sh[at...], or (DIRECT) from BUF's rows of ld8 uvec4s from uvec4 g (the tile's first).
-#if defined(EMULATE)
-#define LOAD_TILE(m, BUF, g, ld8, at, n, k, major) LOAD(m, (at) + (n) * 16u * LD + 2u * (k), major)
-#else
-#define LOAD_TILE(m, BUF, g, ld8, at, n, k, major)                              \
-  if (DIRECT) coopMatLoad(m, BUF, (g) + (n) * 16u * (ld8) + 2u * (k), ld8, major); \
-  else LOAD(m, (at) + (n) * 16u * LD + 2u * (k), major)
-#endif
-
-// Where a key tile's rows are: uvec4 offsets of its first k and v rows and the row stride (DIRECT).
-struct Tile {
-  uint k, v, ld8;
-};
-
 // S = Q K^T for the key tile staged at sh[0...] ([key][d], so K^T is its column-major reading).
-void scores(const FRAG_A qa[HF], const Tile t, out FRAG_C s[NF]) {
+void scores(const FRAG_A qa[HF], out FRAG_C s[NF]) {
   UNROLL for (uint n = 0u; n < NF; ++n) {
     s[n] = C_ZERO;
     UNROLL for (uint k = 0u; k < HF; ++k) {
       FRAG_B kb;
-      LOAD_TILE(kb, k8, t.k, t.ld8, 0u, n, k, COL_MAJOR);
+      LOAD(kb, n * 16u * LD + 2u * k, COL_MAJOR);
       s[n] = MMA(qa[k], kb, s[n]);
     }
   }
@@ -161,7 +140,7 @@ void scores(const FRAG_A qa[HF], const Tile t, out FRAG_C s[NF]) {
 // This lane's two rows (the accumulator layout), their segments and the online softmax's state:
 // running maxima m (log2 units) and this lane's shares l of the rows' sums.
 struct Rows {
-  uint row0, row1, sbase;
+  uint row0, row1;
   int seg0, seg1;
   float m[2], l[2];
 };
@@ -172,7 +151,7 @@ struct Rows {
 // order) and the scale is folded into the exponent, one fma per element; masked scores are -inf,
 // whose exp2 is 0. l holds this lane's share of each row's sum; the four lanes of a row add
 // theirs at the end.
-void softmax_pv(inout FRAG_C s[NF], uint k0, const Tile t, bool full, float s2, inout Rows r, inout FRAG_C acc[HF]) {
+void softmax_pv(inout FRAG_C s[NF], uint k0, bool full, float s2, inout Rows r, inout FRAG_C acc[HF]) {
   const uint lane = LANE;
   // The mask in a pass of its own, one branch per tile rather than one per element in the loop
   // the rest runs.
@@ -183,8 +162,7 @@ void softmax_pv(inout FRAG_C s[NF], uint k0, const Tile t, bool full, float s2, 
         const uint c = n * 16u + lane_col(lane, i);
         const uint qi = hh == 0u ? r.row0 : r.row1;
         const int sq = hh == 0u ? r.seg0 : r.seg1;
-        const int sk = DIRECT ? seg[r.sbase + k0 + c] : sseg_k[c];
-        if (k0 + c > qi || qi >= pc.seq || sq == 0 || sk != sq) s[n][i] = NEG_INF;
+        if (k0 + c > qi || qi >= pc.seq || sq == 0 || sseg_k[c] != sq) s[n][i] = NEG_INF;
       }
     }
   }
@@ -218,7 +196,7 @@ void softmax_pv(inout FRAG_C s[NF], uint k0, const Tile t, bool full, float s2, 
   UNROLL for (uint f = 0u; f < HF; ++f) {
     UNROLL for (uint n = 0u; n < NF; ++n) {
       FRAG_B vb;
-      LOAD_TILE(vb, v8, t.v, t.ld8, KV_SIZE, n, f, ROW_MAJOR);
+      LOAD(vb, KV_SIZE + n * 16u * LD + 2u * f, ROW_MAJOR);
       acc[f] = MMA(pa[n], vb, acc[f]);
     }
   }
@@ -251,7 +229,7 @@ void query_tile(const uint qt) {
   // This lane's two rows (the accumulator layout): r_lo and r_lo + 8 of the subgroup's 16.
   const uint r_lo = lane >> 2u;
   Rows r;
-  r.row0 = qw + r_lo, r.row1 = qw + r_lo + 8u, r.sbase = sbase;
+  r.row0 = qw + r_lo, r.row1 = qw + r_lo + 8u;
   r.seg0 = r.row0 < pc.seq ? seg[sbase + r.row0] : 0, r.seg1 = r.row1 < pc.seq ? seg[sbase + r.row1] : 0;
   r.m = float[2](NEG_INF, NEG_INF), r.l = float[2](0.0, 0.0);
   int qlo, qhi;
@@ -264,22 +242,6 @@ void query_tile(const uint qt) {
 
   const uint q_end = min(pc.seq, q0 + BR);
   const uint tiles = (q_end + BC - 1u) / BC;
-  const uint ld8 = nkv * d / 8u;
-  if (DIRECT) {
-    // Each subgroup on its own, up to its last row's tile.
-    for (uint j = 0u; j < tiles; ++j) {
-      const uint k0 = j * BC;
-      if (k0 > qw + 15u) break;
-      int klo, khi;
-      bool kgap;
-      segment_range(sbase, k0, BC, klo, khi, kgap);
-      if (khi < qlo || klo > qhi) continue;
-      const Tile t = {(k_first + k0 * nkv * d) / 8u, (v_first + k0 * nkv * d) / 8u, ld8};
-      FRAG_C s[NF];
-      scores(qa, t, s);
-      softmax_pv(s, k0, t, all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw), s2, r, acc);
-    }
-  }
   // With the prefetch, jn is the next visible tile (its segment range in nlo, nhi, ngap), whose
   // loads are in flight. Without it, each tile's visibility is decided at its turn, in a loop
   // counted by j alone: the H100 ran that 8-15% faster than a loop stepping to the next visible
@@ -287,10 +249,9 @@ void query_tile(const uint qt) {
   int nlo, nhi;
   bool ngap;
   uvec4 pk[PER], pv[PER];
-  const Tile staged = {0u, 0u, ld8};
   uint jn = PREFETCH ? next_visible_tile(0u, tiles, BC, sbase, qlo, qhi, nlo, nhi, ngap) : 0u;
   if (PREFETCH && jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
-  for (uint j = 0u; j < (DIRECT ? 0u : tiles); ++j) {
+  for (uint j = 0u; j < tiles; ++j) {
     const uint k0 = j * BC;
     int klo, khi;
     bool kgap;
@@ -318,8 +279,8 @@ void query_tile(const uint qt) {
     }
     if (k0 > qw + 15u) continue;  // past this subgroup's last row
     FRAG_C s[NF];
-    scores(qa, staged, s);
-    softmax_pv(s, k0, staged, all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw), s2, r, acc);
+    scores(qa, s);
+    softmax_pv(s, k0, all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw), s2, r, acc);
   }
 
   // The rows' sums from the lanes' shares; out = O / l for this lane's elements (two adjacent

@@ -191,11 +191,10 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
   const uint32_t warps = f.emulated ? 1 : o.fused_forward_tiles.warps;
   const uint32_t keys = f.emulated ? o.emulated_tile : o.fused_forward_tiles.keys;
   check_fused_forward_tiles(ctx, warps, keys, m.d);
-  const bool direct = o.direct_loads && !f.emulated && m.seq % keys == 0;
   const auto& p = ctx.pipelines().get(f.emulated ? kernels::flash_fwd_khr_emu : kernels::flash_fwd_khr,
                                       {warps * 32, warps, keys, m.d, f.row_shift, f.col_shift,
-                                       o.fused_forward_tiles.prefetch && !direct ? 1u : 0u,
-                                       o.fused_forward_tiles.paired ? 1u : 0u, direct ? 1u : 0u});
+                                       o.fused_forward_tiles.prefetch ? 1u : 0u,
+                                       o.fused_forward_tiles.paired ? 1u : 0u});
   const uint32_t rows_per_group = warps * 16;
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_forward", m);
   const uint32_t group = std::min(per, m.batch);
@@ -350,12 +349,9 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
                                     {ds_warps * 32, ds_warps, ds_keys, m.d, fs.row_shift, fs.col_shift,
                                      t.paired ? 1u : 0u, t.kv_queries})
               : pipeline(kernels::flash_bwd_dq_khr, kernels::flash_bwd_dq_khr_emu, dq_warps, t.dq_keys);
-  const bool direct = o.direct_loads && !fs.emulated && m.seq % t.kv_queries == 0;
   const gpu::Pipeline& p_dkv =
-      ctx.pipelines().get(fs.emulated ? (from_ds ? kernels::flash_bwd_dkv_ds_khr_emu : kernels::flash_bwd_dkv_khr_emu)
-                                      : (from_ds ? kernels::flash_bwd_dkv_ds_khr : kernels::flash_bwd_dkv_khr),
-                          {kv_warps * 32, kv_warps, t.kv_queries, m.d, fs.row_shift, fs.col_shift, t.paired ? 1u : 0u,
-                           t.kv_queries, direct ? 1u : 0u});
+      from_ds ? pipeline(kernels::flash_bwd_dkv_ds_khr, kernels::flash_bwd_dkv_ds_khr_emu, kv_warps, t.kv_queries)
+              : pipeline(kernels::flash_bwd_dkv_khr, kernels::flash_bwd_dkv_khr_emu, kv_warps, t.kv_queries);
   const gpu::Buffer ds =
       from_ds ? ctx.alloc(attention_ds_bytes(group, m.seq, m.nh, t), "attention dS (fp16)") : gpu::Buffer{};
   if (o.qk_f16 && per < m.batch) throw std::logic_error("attention_gemm_backward: fp16 q and k need one dispatch");
@@ -514,11 +510,6 @@ uint64_t attention_ds_bytes(uint32_t sequences, uint32_t seq, uint32_t n_heads,
   const uint64_t g = std::max<uint64_t>(16ull * t.kv_warps, t.kv_queries), blocks = (seq + g - 1) / g;
   const uint64_t halves = uint64_t(sequences) * n_heads * g * g * (blocks * (blocks + 1) / 2);
   return (halves + 7) / 8 * 16;  // alloc_f16
-}
-
-bool attention_direct_default() {
-  static const bool on = gpu::env_flag("FORJA_ATTENTION_DIRECT");
-  return on;
 }
 
 bool attention_dq_from_ds_default() {

@@ -34,8 +34,6 @@ bool attention_paired_default();
 // dq from dS through memory by default (AttentionGemmOptions::dq_from_ds): on, unless
 // FORJA_ATTENTION_DQ_FROM_DS=0 (for measuring the training step with and without it in one binary).
 bool attention_dq_from_ds_default();
-// Whether FORJA_ATTENTION_DIRECT asks for AttentionGemmOptions::direct_loads (off by default).
-bool attention_direct_default();
 
 struct AttentionGemmOptions {
   GemmKernel kernel = GemmKernel::automatic;  // for the products (tests pick coopmat_emulated)
@@ -96,11 +94,6 @@ struct AttentionGemmOptions {
   // against 0.854 with dq recomputed, 0.802 with 8 subgroups; the 1x2048 step +0.6%, 0.13 GiB more
   // (docs/benchmarks.md, run 35).
   bool dq_from_ds = attention_dq_from_ds_default();
-  // The fused forward's and the dk/dv kernel's subgroups read their K/V (forward) or q/dout
-  // (dk/dv) fragments straight from the fp16 copies instead of tiles staged in shared memory
-  // between barriers (the kernels' DIRECT): where every tile is whole (seq a multiple of the
-  // tile) and not emulated; the forward then runs without its prefetch.
-  bool direct_loads = attention_direct_default();
   uint32_t dq_ds_warps = 8;
   // q and k hold the fp16 [tokens, heads, d] copies the fused kernels read (ops::qk_norm_rope_f16
   // made them), not fp32: the fused forward and backward only, where attention_gemm_takes_f16_qk.

@@ -58,7 +58,6 @@ struct Impl {
   uint32_t forward_keys = 0;        // > 0: the fused forward's key tile on the device
   bool paired = false;              // the fused kernels' workgroups take two row tiles
   bool dq_from_ds = true;           // the fused backward's dq from dS through memory
-  bool direct = false;              // the fused kernels' direct loads (where the tiles are whole)
   std::string name() const {
     return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) +
                       (fused_forward ? " fused forward" : "") + (fused_backward ? " fused backward" : "") +
@@ -68,7 +67,7 @@ struct Impl {
                       (forward_prefetch ? ", prefetch" : "") + 
                       (forward_keys ? ", forward keys " + std::to_string(forward_keys) : "") +
                       (paired ? ", paired" : "") +
-                      (fused_backward && !dq_from_ds ? ", dq recomputed" : "") + (direct ? ", direct" : "")
+                      (fused_backward && !dq_from_ds ? ", dq recomputed" : "")
                 : "tiled";
   }
   ops::AttentionGemmOptions options() const {
@@ -82,7 +81,6 @@ struct Impl {
     if (forward_keys) o.fused_forward_tiles.keys = forward_keys;
     o.fused_forward_tiles.paired = o.fused_backward_tiles.paired = paired;
     o.dq_from_ds = dq_from_ds;
-    o.direct_loads = direct;
     return o;
   }
 };
@@ -238,18 +236,16 @@ TEST_F(AttentionTest, GemmPathPackedSegmentsMatchReference) {
 // The fused forward kernel (kernels/flash_forward_khr.comp), where the device runs it (NVIDIA):
 // head_dim 16, 64, 128, sequences shorter than, equal to and beyond its 64-row and 64-key tiles,
 // with ragged ends; causal and packed; one or two query tiles per workgroup; tiles of 64 and 32
-// keys; direct loads (where the sequence is whole tiles: 64, 256); the backward (GEMM kernels)
-// on its out and lse.
+// keys; the backward (GEMM kernels) on its out and lse.
 TEST_F(AttentionTest, FusedForwardMatchesReference) {
   const std::string why = ops::attention_fused_forward_unsupported(ctx(), 64);
   if (!why.empty()) GTEST_SKIP() << "no fused attention forward here: " << why;
   const Shape shapes[] = {{2, 7, 4, 2, 16},   {2, 65, 4, 2, 128}, {1, 64, 3, 1, 64}, {2, 130, 6, 1, 64},
                           {1, 200, 4, 2, 128}, {1, 256, 8, 2, 128}, {3, 33, 2, 2, 32}};
   Impl fused{true, ops::GemmKernel::automatic, 0, true};
-  for (const uint32_t mode : {0, 1, 2, 3}) {
+  for (const uint32_t mode : {0, 1, 2}) {
     fused.paired = mode >= 1;
     fused.forward_keys = mode == 2 ? 32 : 0;
-    fused.direct = mode == 3;
     for (const Shape& s : shapes) {
       check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
       check(s, packed_segments(s, rng_), fused);
@@ -262,8 +258,7 @@ TEST_F(AttentionTest, FusedForwardMatchesReference) {
 // The fused backward kernels (kernels/flash_backward_khr.comp) on the fused forward's out and lse,
 // where the device runs them (NVIDIA): dq in tiles of 128 query rows against 32-key tiles, dk and
 // dv in tiles of 64 keys against 32-query tiles; sequences shorter than, equal to and beyond them
-// with ragged ends, GQA 1 to 6; causal and packed; one or two row tiles per workgroup, the latter
-// with the dk/dv kernel's direct loads (where the sequence is whole tiles: 64, 256).
+// with ragged ends, GQA 1 to 6; causal and packed; one or two row tiles per workgroup.
 TEST_F(AttentionTest, FusedBackwardMatchesReference) {
   const std::string why = ops::attention_fused_forward_unsupported(ctx(), 64);
   if (!why.empty()) GTEST_SKIP() << "no fused attention kernels here: " << why;
@@ -275,7 +270,6 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
     for (const bool paired : {false, true}) {
       fused.paired = paired;
       fused.dq_from_ds = from_ds;
-      fused.direct = paired;
       for (const Shape& s : shapes) {
         check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
         check(s, packed_segments(s, rng_), fused);
