@@ -37,7 +37,7 @@ struct AttnBenchOptions {
   uint32_t block_q = 0, block_k = 0, dkdv_split = 0;
   int reps = 5, device = -1;
   std::string impls = "flash,fused,fused-backward,gemm,tiled", flash_kernel = "automatic";
-  std::string fused_forward_tiles;   // "WARPS,KEYS,PREFETCH[,Q_SHARED]"; empty: the defaults
+  std::string fused_forward_tiles;   // "WARPS,KEYS,PREFETCH"; empty: the defaults
   std::string fused_backward_tiles;
   int paired = -1;                   // the fused kernels' paired row tiles: 0, 1; -1: the default
   int dkv_split_target = -1;  // < 0: the default  // "DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES"; empty: the defaults
@@ -112,9 +112,8 @@ int run(const AttnBenchOptions& o) {
   }
   ops::AttentionGemmOptions fused, fused_backward, unfused;
   fused.fused_backward = false;  // "fused": the fused forward with the GEMM path's backward
-  // Comma-separated numbers of a --fused-*-tiles option, count of them or (optional > 0) that
-  // many; `what` names the expected ones.
-  auto numbers = [](const std::string& text, size_t count, const std::string& what, size_t optional = 0) {
+  // Comma-separated numbers of a --fused-*-tiles option; `what` names the expected ones.
+  auto numbers = [](const std::string& text, size_t count, const std::string& what) {
     std::stringstream ss(text);
     std::vector<uint32_t> v;
     std::string item;
@@ -126,17 +125,13 @@ int run(const AttnBenchOptions& o) {
         break;
       }
     }
-    if (v.size() != count && (optional == 0 || v.size() != optional)) throw UserError(what);
+    if (v.size() != count) throw UserError(what);
     return v;
   };
   if (!o.fused_forward_tiles.empty()) {
     const auto v = numbers(o.fused_forward_tiles, 3,
-                           "--fused-forward-tiles: give three or four numbers WARPS,KEYS,PREFETCH[,Q_SHARED] (e.g. 8,64,1)",
-                           4);
-    for (ops::AttentionGemmOptions* g : {&fused, &fused_backward}) {
-      g->fused_forward_tiles = {v[0], v[1], v[2] != 0};
-      g->fused_forward_tiles.q_shared = v.size() == 4 && v[3] != 0;
-    }
+                           "--fused-forward-tiles: give three numbers WARPS,KEYS,PREFETCH (e.g. 8,64,1)");
+    for (ops::AttentionGemmOptions* g : {&fused, &fused_backward}) g->fused_forward_tiles = {v[0], v[1], v[2] != 0};
   }
   if (!o.fused_backward_tiles.empty()) {
     const auto v = numbers(o.fused_backward_tiles, 4,
@@ -338,8 +333,8 @@ forja::cli::CommandRegistration bench_attention_registration{"bench-attention", 
                   "flash's dk/dv workgroups per kv head (a divisor of heads / kv-heads; 0: automatic)");
   cmd->add_flag("--packed", o->packed, "Four packed documents per sequence instead of one");
   cmd->add_option("--fused-forward-tiles", o->fused_forward_tiles,
-                  "the fused forward's workgroups: WARPS,KEYS,PREFETCH[,Q_SHARED] (subgroups 1/2/4/8, tiles 16/32/64, "
-                  "prefetch 0/1, q's fragments from shared memory 0/1; default 8,64,0,0)");
+                  "the fused forward's workgroups: WARPS,KEYS,PREFETCH (subgroups 1/2/4/8, tiles 16/32/64, prefetch 0/1; "
+                  "default 8,64,0)");
   cmd->add_option("--fused-backward-tiles", o->fused_backward_tiles,
                   "fused-backward's workgroups: DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (subgroups 1/2/4/8, tiles "
                   "16/32/64; default 4,64,4,32)");

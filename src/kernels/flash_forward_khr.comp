@@ -30,7 +30,7 @@
 // Specialization constants: 0 workgroup size (32 x WARPS), 1 WARPS, 2 BC, 3 HD (= head_dim, a
 // multiple of 16 up to 128), 4 ROW_SHIFT and 5 COL_SHIFT (the accumulator's element order), 6
 // PREFETCH (the next key tile's loads in flight during this one's products), 7 PAIRED (each
-// workgroup takes two query tiles, see main), 8 Q_SHARED (q's fragments read from shared memory).
+// workgroup takes two query tiles, see main).
 // flash_fwd_khr_emu: the same without cooperative matrices (flash_khr_common.glsl), WARPS 1.
 //! variant flash_fwd_khr requires=nv_coopmat2
 //! variant flash_fwd_khr_emu -DEMULATE
@@ -71,11 +71,6 @@ layout(constant_id = 6) const bool PREFETCH = false;
 // cost the same and no long tile is left running alone at the end (one sequence gives 4 waves of
 // one workgroup per multiprocessor at 32 heads).
 layout(constant_id = 7) const bool PAIRED = false;
-// Whether q stays staged in shared memory (after the K and V tiles) and each subgroup reads its A
-// fragments from there per key tile, instead of holding them in 32 registers for the whole loop:
-// fewer registers a subgroup, so more workgroups a multiprocessor, for 8 more fragment loads per
-// key tile.
-layout(constant_id = 8) const bool Q_SHARED = false;
 
 layout(push_constant) uniform PC {
   uint seq, n_heads, n_kv_heads, head_dim;
@@ -103,10 +98,9 @@ const uint NF = BC / 16u;  // fragments across a key tile
 const uint CH = HD / 8u;   // uvec4 chunks (8 halves) per staged row
 const uint LD = CH + 1u;   // staged row stride in uvec4: one chunk of padding against bank conflicts
 const uint KV_SIZE = BC * LD;
-const uint Q_AT = Q_SHARED ? 2u * KV_SIZE : 0u;  // where q is staged
-const uint SH_SIZE = Q_SHARED ? 2u * KV_SIZE + BR * LD : (2u * KV_SIZE > BR * LD ? 2u * KV_SIZE : BR * LD);
+const uint SH_SIZE = 2u * KV_SIZE > BR * LD ? 2u * KV_SIZE : BR * LD;
 
-shared uvec4 sh[SH_SIZE];  // K at 0, V at KV_SIZE; Q at Q_AT (before the loop only, unless Q_SHARED)
+shared uvec4 sh[SH_SIZE];  // K at 0, V at KV_SIZE; before the loop, Q at 0
 shared int sseg_k[BC];
 
 #include "flash_khr_common.glsl"
@@ -131,18 +125,14 @@ void put(const uvec4 pk[PER], const uvec4 pv[PER]) {
   }
 }
 
-// S = Q K^T for the key tile staged at sh[0...] ([key][d], so K^T is its column-major reading);
-// q's fragments from qa, or (Q_SHARED) from the subgroup's rows staged at sh[qat...].
-void scores(const FRAG_A qa[HF], uint qat, out FRAG_C s[NF]) {
-  UNROLL for (uint n = 0u; n < NF; ++n) s[n] = C_ZERO;
-  UNROLL for (uint k = 0u; k < HF; ++k) {
-    FRAG_A a;
-    if (Q_SHARED) LOAD(a, qat + 2u * k, ROW_MAJOR);
-    else a = qa[k];
-    UNROLL for (uint n = 0u; n < NF; ++n) {
+// S = Q K^T for the key tile staged at sh[0...] ([key][d], so K^T is its column-major reading).
+void scores(const FRAG_A qa[HF], out FRAG_C s[NF]) {
+  UNROLL for (uint n = 0u; n < NF; ++n) {
+    s[n] = C_ZERO;
+    UNROLL for (uint k = 0u; k < HF; ++k) {
       FRAG_B kb;
       LOAD(kb, n * 16u * LD + 2u * k, COL_MAJOR);
-      s[n] = MMA(a, kb, s[n]);
+      s[n] = MMA(qa[k], kb, s[n]);
     }
   }
 }
@@ -229,14 +219,12 @@ void query_tile(const uint qt) {
   const uint q_first = pc.q_off + (tok0 * nh + h) * d;
   const uint k_first = pc.k_off + (tok0 * nkv + g) * d, v_first = pc.v_off + (tok0 * nkv + g) * d;
 
-  // q: staged, then this subgroup's 16 rows as A fragments for the whole loop (or read from there
-// per key tile: Q_SHARED).
-  STAGE(q8, Q_AT, q0, BR, q_first, nh * d);
+  // q: staged, then this subgroup's 16 rows as A fragments for the whole loop.
+  STAGE(q8, 0u, q0, BR, q_first, nh * d);
   barrier();
-  const uint qat = Q_AT + warp * 16u * LD;
   FRAG_A qa[HF];
-  if (!Q_SHARED)
-    UNROLL for (uint k = 0u; k < HF; ++k) LOAD(qa[k], qat + 2u * k, ROW_MAJOR);
+  UNROLL for (uint k = 0u; k < HF; ++k)
+    LOAD(qa[k], warp * 16u * LD + 2u * k, ROW_MAJOR);
 
   // This lane's two rows (the accumulator layout): r_lo and r_lo + 8 of the subgroup's 16.
   const uint r_lo = lane >> 2u;
@@ -291,7 +279,7 @@ void query_tile(const uint qt) {
     }
     if (k0 > qw + 15u) continue;  // past this subgroup's last row
     FRAG_C s[NF];
-    scores(qa, qat, s);
+    scores(qa, s);
     softmax_pv(s, k0, all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw), s2, r, acc);
   }
 

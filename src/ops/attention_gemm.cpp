@@ -102,12 +102,11 @@ static_assert(kernels::push_block_matches<FusedPush>(kernels::flash_fwd_khr),
 // The forward's workgroups within what the kernel and the device allow: shared memory holds the
 // staged k and v tiles, or the workgroup's q rows before the loop (kernels/flash_forward_khr.comp's
 // SH_SIZE), the tile's segment ids and the emulation's exchange arrays.
-void check_fused_forward_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t keys, bool q_shared,
-                               uint32_t head_dim) {
+void check_fused_forward_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t keys, uint32_t head_dim) {
   if (!(warps == 1 || warps == 2 || warps == 4 || warps == 8) || !(keys == 16 || keys == 32 || keys == 64))
     throw std::invalid_argument("fused attention forward tiles: subgroups must be 1, 2, 4 or 8 and tiles 16, 32 or 64");
-  const uint64_t ld = head_dim / 8 + 1, kv = 2ull * keys * ld, q = 16ull * warps * ld;
-  const uint64_t bytes = 16 * (q_shared ? kv + q : std::max(kv, q)) + 4ull * keys + 4 * (256 + 256 + 32);
+  const uint64_t ld = head_dim / 8 + 1;
+  const uint64_t bytes = 16 * std::max<uint64_t>(2ull * keys * ld, 16ull * warps * ld) + 4ull * keys + 4 * (256 + 256 + 32);
   if (bytes > ctx.info().max_shared_memory)
     throw std::invalid_argument("fused attention forward tiles: " + std::to_string(warps) + " subgroups and tiles of " +
                                 std::to_string(keys) + " need " + std::to_string(bytes) +
@@ -191,12 +190,11 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
   const FusedSetup f = fused_setup(ctx, o);
   const uint32_t warps = f.emulated ? 1 : o.fused_forward_tiles.warps;
   const uint32_t keys = f.emulated ? o.emulated_tile : o.fused_forward_tiles.keys;
-  check_fused_forward_tiles(ctx, warps, keys, o.fused_forward_tiles.q_shared, m.d);
+  check_fused_forward_tiles(ctx, warps, keys, m.d);
   const auto& p = ctx.pipelines().get(f.emulated ? kernels::flash_fwd_khr_emu : kernels::flash_fwd_khr,
                                       {warps * 32, warps, keys, m.d, f.row_shift, f.col_shift,
                                        o.fused_forward_tiles.prefetch ? 1u : 0u,
-                                       o.fused_forward_tiles.paired ? 1u : 0u,
-                                       o.fused_forward_tiles.q_shared ? 1u : 0u});
+                                       o.fused_forward_tiles.paired ? 1u : 0u});
   const uint32_t rows_per_group = warps * 16;
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_forward", m);
   const uint32_t group = std::min(per, m.batch);

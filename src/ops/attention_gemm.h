@@ -57,13 +57,10 @@ struct AttentionGemmOptions {
   // cost the same), half as many workgroups (`forja bench attention --paired`). On an H200 (run 22)
   // forward + backward at B 1 went 1.267 -> 1.161 ms, at B 8 8.428 -> 8.359; the 1x2048 step
   // +1.6%. FORJA_ATTENTION_PAIRED=0 turns it off by default, for the training step too.
-  // q_shared: q's fragments read from shared memory per key tile instead of held in registers
-  // (the kernel's Q_SHARED).
   struct FusedForwardTiles {
     uint32_t warps = 8, keys = 64;
     bool prefetch = false;
     bool paired = attention_paired_default();
-    bool q_shared = false;
   } fused_forward_tiles;
   // The backward as two fused kernels (kernels/flash_backward_khr.comp: dq per query tile; dk and
   // dv together per key tile, summing a kv head's query heads; P recomputed from lse in registers)

@@ -56,10 +56,8 @@ struct Impl {
   uint32_t emulated_tile = 32;      // and this tile of keys / queries
   bool forward_prefetch = false;    // the fused forward's prefetch of the next key tile
   uint32_t forward_keys = 0;        // > 0: the fused forward's key tile on the device
-  uint32_t forward_warps = 0;       // > 0: the fused forward's subgroups on the device
   bool paired = false;              // the fused kernels' workgroups take two row tiles
   bool dq_from_ds = true;           // the fused backward's dq from dS through memory
-  bool q_shared = false;            // the fused forward's q fragments from shared memory
   std::string name() const {
     return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) +
                       (fused_forward ? " fused forward" : "") + (fused_backward ? " fused backward" : "") +
@@ -69,7 +67,7 @@ struct Impl {
                       (forward_prefetch ? ", prefetch" : "") + 
                       (forward_keys ? ", forward keys " + std::to_string(forward_keys) : "") +
                       (paired ? ", paired" : "") +
-                      (fused_backward && !dq_from_ds ? ", dq recomputed" : "") + (q_shared ? ", q shared" : "")
+                      (fused_backward && !dq_from_ds ? ", dq recomputed" : "")
                 : "tiled";
   }
   ops::AttentionGemmOptions options() const {
@@ -81,10 +79,8 @@ struct Impl {
     o.emulated_tile = emulated_tile;
     o.fused_forward_tiles.prefetch = forward_prefetch;
     if (forward_keys) o.fused_forward_tiles.keys = forward_keys;
-    if (forward_warps) o.fused_forward_tiles.warps = forward_warps;
     o.fused_forward_tiles.paired = o.fused_backward_tiles.paired = paired;
     o.dq_from_ds = dq_from_ds;
-    o.fused_forward_tiles.q_shared = q_shared;
     return o;
   }
 };
@@ -240,19 +236,16 @@ TEST_F(AttentionTest, GemmPathPackedSegmentsMatchReference) {
 // The fused forward kernel (kernels/flash_forward_khr.comp), where the device runs it (NVIDIA):
 // head_dim 16, 64, 128, sequences shorter than, equal to and beyond its 64-row and 64-key tiles,
 // with ragged ends; causal and packed; one or two query tiles per workgroup; tiles of 64 and 32
-// keys, the latter also with q's fragments from shared memory; the backward (GEMM kernels) on its
-// out and lse.
+// keys; the backward (GEMM kernels) on its out and lse.
 TEST_F(AttentionTest, FusedForwardMatchesReference) {
   const std::string why = ops::attention_fused_forward_unsupported(ctx(), 64);
   if (!why.empty()) GTEST_SKIP() << "no fused attention forward here: " << why;
   const Shape shapes[] = {{2, 7, 4, 2, 16},   {2, 65, 4, 2, 128}, {1, 64, 3, 1, 64}, {2, 130, 6, 1, 64},
                           {1, 200, 4, 2, 128}, {1, 256, 8, 2, 128}, {3, 33, 2, 2, 32}};
   Impl fused{true, ops::GemmKernel::automatic, 0, true};
-  for (const uint32_t mode : {0, 1, 2, 3}) {
+  for (const uint32_t mode : {0, 1, 2}) {
     fused.paired = mode >= 1;
-    fused.forward_keys = mode >= 2 ? 32 : 0;
-    fused.q_shared = mode == 3;
-    fused.forward_warps = mode == 3 ? 4 : 0;  // 8 subgroups' q and two tiles: more than 48 KB
+    fused.forward_keys = mode == 2 ? 32 : 0;
     for (const Shape& s : shapes) {
       check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
       check(s, packed_segments(s, rng_), fused);
@@ -291,7 +284,7 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
 // dS blocks of 16 and 64 queries); sequences shorter than and beyond the emulation's 16-row and 32-key tiles, head_dim
 // 16 to 128, GQA 1 to 6, causal and packed; the forward with and without its prefetch, the row
 // tiles one or two per workgroup (cases 1, 2, 5, 6: odd and even tile counts), the forward with
-// its prefetch (cases 1, 3, 5) and without, with q's fragments from shared memory (0, 3, 6). Lavapipe
+// its prefetch (cases 1, 3, 5) and without. Lavapipe
 // compiles each (kernel, head_dim, order) for about 2 s, so few of them are asked for.
 TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
   // (shape, accumulator order, tile): tile 64 is the real kernels' (forward keys, the backward's
@@ -306,7 +299,6 @@ TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
     fused.forward_prefetch = index % 2 == 1;
     fused.paired = index % 4 == 1 || index % 4 == 2;
     fused.dq_from_ds = index % 2 == 1;
-    fused.q_shared = index % 3 == 0;
     ++index;
     fused.emulated_row_shift = row_shift;
     fused.emulated_tile = tile;
