@@ -347,7 +347,7 @@ forja::cli::CommandRegistration bench_attention_registration{"bench-attention", 
                   "across workgroups (0: never; default 1024)")
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--dq-ds-warps", o->dq_ds_warps,
-                  "fused-backward's dq from dS: subgroups of 16 query rows per workgroup (1, 2, 4, 8; default 8)")
+                  "fused-backward's dq from dS: subgroups of 16 query rows per workgroup (1, 2, 4, 8; default 4)")
       ->check(CLI::IsMember({1u, 2u, 4u, 8u}));
   cmd->add_flag("--model-inputs", o->model_inputs,
                 "fused-backward as training runs it: q, k and the backward's out given in fp16 (copied outside "

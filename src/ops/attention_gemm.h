@@ -91,10 +91,11 @@ struct AttentionGemmOptions {
   // 7. Where the dS of one dispatch's sequences fits a binding and 2 GiB; dq_ds_warps subgroups
   // of 16 query rows per dq workgroup, against the dk/dv kernel's key tiles. On an H100 (B 1, S
   // 2048, 32/8 heads x 128, q, k and out given in fp16 as training does) the backward took 0.813 ms
-  // against 0.854 with dq recomputed, 0.802 with 8 subgroups; the 1x2048 step +0.6%, 0.13 GiB more
-  // (docs/benchmarks.md, run 35).
+  // against 0.854 with dq recomputed; the 1x2048 step +0.6%, 0.13 GiB more (docs/benchmarks.md, run
+  // 35). 4 subgroups: since dq's prefetch (1d3dbcd) faster than 8 in every sample of runs 38-40
+  // (backward 0.762-0.771 ms against 0.773-0.779).
   bool dq_from_ds = attention_dq_from_ds_default();
-  uint32_t dq_ds_warps = 8;
+  uint32_t dq_ds_warps = 4;
   // q and k hold the fp16 [tokens, heads, d] copies the fused kernels read (ops::qk_norm_rope_f16
   // made them), not fp32: the fused forward and backward only, where attention_gemm_takes_f16_qk.
   bool qk_f16 = false;
