@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run 41 (2026-12-07): main with dq from dS on 4 subgroups by default: the GPU tests of the fused
-# kernels, the parity and the folded training steps; attention at B 1 and 4 against 8 subgroups;
+# kernels, the parity and the folded training steps; attention at B 1 and 4 against 8 subgroups, B 8;
 # the 1x2048 and 8x2048 steps. Carry [".gl", ".dist"]: OUT=$OUT bash <this script>.
 set -o pipefail
 source bench/device_env.sh
@@ -17,6 +17,7 @@ A="bench attention --seq-len 2048 --heads 32 --kv-heads 8 --head-dim 128 --impl 
   done
   echo "== main B4"; timeout 30 .dist/forja ${A/--reps 5/--reps 3 --batch 4} 2>&1 | tail -1
   echo "== --dq-ds-warps 8 B4"; timeout 30 .dist/forja ${A/--reps 5/--reps 3 --batch 4} --dq-ds-warps 8 2>&1 | tail -1
+  echo "== main B8"; timeout 40 .dist/forja ${A/--reps 5/--reps 3 --batch 8} 2>&1 | tail -1
 } > $OUT/attn.txt 2>&1
 cat $OUT/attn.txt; echo "attention done at $SECONDS s"
 for shape in "1 2048" "8 2048"; do
