@@ -9,11 +9,13 @@
 set -o pipefail
 source bench/device_env.sh
 OUT=${OUT:?run through the device tool, which sets OUT}
+for f in .dist/forja .dist/forja-before; do
+  [ -x $f ] || { echo "ab_attention.sh: $f is missing (bench/prepare_dist.sh; the baseline copied to .dist/forja-before)" >&2; exit 1; }
+done
 A="bench attention --seq-len 2048 --heads 32 --kv-heads 8 --head-dim 128 --impl fused-backward --reps 5 --model-inputs"
 for batch in ${AB_BATCHES:-1 4}; do
   for bin in $(for _ in $(seq ${AB_ROUNDS:-2}); do echo before after; done); do
     f=.dist/forja; [ $bin = before ] && f=.dist/forja-before
-    [ -x $f ] || continue
     echo "$bin B $batch: $(timeout 60 $f $A --batch $batch "$@" 2>&1 | tail -1)" | tee -a $OUT/attn-ab.txt
   done
 done

@@ -38,12 +38,12 @@ struct AttnBenchOptions {
   int reps = 5, device = -1;
   std::string impls = "flash,fused,fused-backward,gemm,tiled", flash_kernel = "automatic";
   std::string fused_forward_tiles;   // "WARPS,KEYS,PREFETCH"; empty: the defaults
-  std::string fused_backward_tiles;
+  std::string fused_backward_tiles;  // "DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES"; empty: the defaults
   int paired = -1;                   // the fused kernels' paired row tiles: 0, 1; -1: the default
-  int dkv_split_target = -1;  // < 0: the default  // "DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES"; empty: the defaults
+  int dkv_split_target = -1;         // < 0: the default
   bool packed = false;
   bool model_inputs = false;  // fused-backward: q, k and the backward's out in fp16, as training keeps them
-  uint32_t dq_ds_warps = 0;    // fused-backward's dq-from-dS workgroups; 0: the default
+  uint32_t dq_ds_warps = 0;   // fused-backward's dq-from-dS workgroups; 0: the default
 };
 
 struct Buffers {

@@ -92,8 +92,8 @@ struct AttentionGemmOptions {
   // of 16 query rows per dq workgroup, against the dk/dv kernel's key tiles. On an H100 (B 1, S
   // 2048, 32/8 heads x 128, q, k and out given in fp16 as training does) the backward took 0.813 ms
   // against 0.854 with dq recomputed; the 1x2048 step +0.6%, 0.13 GiB more (docs/benchmarks.md, run
-  // 35). 4 subgroups: since dq's prefetch (1d3dbcd) faster than 8 in every sample of runs 38-40
-  // (backward 0.762-0.771 ms against 0.773-0.779).
+  // 35). 4 subgroups: since dq's prefetch (1d3dbcd) faster than 8 in every sample of runs 38-41
+  // (B 1 backward 0.762-0.777 ms against 0.773-0.781 in the same calls).
   bool dq_from_ds = attention_dq_from_ds_default();
   uint32_t dq_ds_warps = 4;
   // q and k hold the fp16 [tokens, heads, d] copies the fused kernels read (ops::qk_norm_rope_f16

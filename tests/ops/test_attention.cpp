@@ -64,7 +64,7 @@ struct Impl {
                       (emulated_row_shift ? " emulated, row shift " + std::to_string(emulated_row_shift) +
                                                 ", tile " + std::to_string(emulated_tile)
                                           : "") +
-                      (forward_prefetch ? ", prefetch" : "") + 
+                      (forward_prefetch ? ", prefetch" : "") +
                       (forward_keys ? ", forward keys " + std::to_string(forward_keys) : "") +
                       (paired ? ", paired" : "") +
                       (fused_backward && !dq_from_ds ? ", dq recomputed" : "")
@@ -282,9 +282,9 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
 // the backward's recomputation from lse, forward and backward, in both accumulator orders the
 // kernels know; dq recomputed (cases 0, 2, 4, 6) or from the dS the dk/dv kernel wrote (1, 3, 5:
 // dS blocks of 16 and 64 queries); sequences shorter than and beyond the emulation's 16-row and 32-key tiles, head_dim
-// 16 to 128, GQA 1 to 6, causal and packed; the forward with and without its prefetch, the row
-// tiles one or two per workgroup (cases 1, 2, 5, 6: odd and even tile counts), the forward with
-// its prefetch (cases 1, 3, 5) and without. Lavapipe
+// 16 to 128, GQA 1 to 6, causal and packed; the forward with its prefetch (cases 1, 3, 5) and
+// without, the row tiles one or two per workgroup (cases 1, 2, 5, 6: odd and even tile counts).
+// Lavapipe
 // compiles each (kernel, head_dim, order) for about 2 s, so few of them are asked for.
 TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
   // (shape, accumulator order, tile): tile 64 is the real kernels' (forward keys, the backward's
