@@ -52,6 +52,8 @@
 //! variant flash_bwd_dkv_ds_khr -DDKV -DSTORE_DS requires=nv_coopmat2
 //! variant flash_bwd_dq_ds_khr_emu -DDQ -DFROM_DS -DEMULATE
 //! variant flash_bwd_dkv_ds_khr_emu -DDKV -DSTORE_DS -DEMULATE
+//! variant flash_bwd_dq_ds_quad_khr -DDQ -DFROM_DS -DQUAD requires=nv_coopmat2
+//! variant flash_bwd_dq_ds_quad_khr_emu -DDQ -DFROM_DS -DQUAD -DEMULATE
 #extension GL_GOOGLE_include_directive : enable
 #include "flash_khr_extensions.glsl"
 
@@ -150,11 +152,11 @@ uint ds_row(uint q) {
 // The 16x16 fp16 matrix m (this lane's elements) written column-major at ds halves [at...], columns
 // ld halves apart (at and ld even): through shared memory, two halves of a column per uint.
 void emu_store_ds(float[8] m, uint at, uint ld) {
-  for (uint i = 0u; i < 8u; ++i) emu_a[lane_row(LANE, i) * 16u + lane_col(LANE, i)] = m[i];
+  for (uint i = 0u; i < 8u; ++i) emu_a[EMU + lane_row(LANE, i) * 16u + lane_col(LANE, i)] = m[i];
   barrier();
   for (uint u = LANE; u < 128u; u += 32u) {
     const uint c = u / 8u, r = 2u * (u % 8u);
-    ds2[(at + c * ld) / 2u + u % 8u] = packHalf2x16(vec2(emu_a[r * 16u + c], emu_a[(r + 1u) * 16u + c]));
+    ds2[(at + c * ld) / 2u + u % 8u] = packHalf2x16(vec2(emu_a[EMU + r * 16u + c], emu_a[EMU + (r + 1u) * 16u + c]));
   }
   barrier();
 }
@@ -213,7 +215,69 @@ void row_tile(const uint wt) {
   FRAG_C acc[HF];
   UNROLL for (uint f = 0u; f < HF; ++f) acc[f] = C_ZERO;
 
-#if defined(FROM_DS)
+#if defined(FROM_DS) && defined(QUAD)
+  // ---- dq from dS with the subgroups 2 x 2: subgroup w computes 32 rows (qr...) by half of
+  // head_dim (fragments cf...), so a fragment of dS or K loaded serves two products, where the
+  // layout below loads one fragment per product (DS_QUERIES >= 32 and HD a multiple of 32: the
+  // 32 rows are one query tile of the DKV kernel and one dS block's) ------------------------------
+  const uint h = gl_WorkGroupID.y, g = h / rep;
+  const uint k_first = (tok0 * nkv + g) * d;
+  const uint ds_head = (b * nh + h) * ds_head_size();
+  const uint qw = (warp >> 1u) * 32u, qr = r0 + qw, cf = (warp & 1u) * (HF / 2u);
+  int tlo, thi;
+  bool tgap;
+  segment_range(sbase, qr / DS_QUERIES * DS_QUERIES, DS_QUERIES, tlo, thi, tgap);
+  const uint r_end = min(pc.seq, r0 + ROWS);
+  const uint tiles = (r_end + BT - 1u) / BT;
+  FRAG_C dq[2u * (HF / 2u)];  // row fragment m, d fragment cf + f at m * HF / 2 + f
+  UNROLL for (uint f = 0u; f < HF; ++f) dq[f] = C_ZERO;
+  int nlo, nhi;
+  bool ngap;
+  uvec4 pk[PK], pd[PD];
+  uint jn = next_visible_tile(0u, tiles, BT, sbase, rlo, rhi, nlo, nhi, ngap);
+  if (jn < tiles) fetch_dq(jn * BT, r0, k_first, nkv * d, ds_head, pk, pd);
+  while (jn < tiles) {
+    const uint c0 = jn * BT;
+    const int clo = nlo, chi = nhi;
+    barrier();
+    put_dq(pk, pd);
+    barrier();
+    jn = next_visible_tile(jn + 1u, tiles, BT, sbase, rlo, rhi, nlo, nhi, ngap);
+    if (jn < tiles) fetch_dq(jn * BT, r0, k_first, nkv * d, ds_head, pk, pd);
+    // Keys all after the subgroup's last row, or a pair the DKV kernel skipped: nothing there. The
+    // emulation multiplies zeros instead, its products being the workgroup's together.
+    const bool none = c0 > qr + 31u || chi < tlo || clo > thi;
+#if !defined(EMULATE)
+    if (none) continue;
+#endif
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      FRAG_A dsa[2];
+      UNROLL for (uint m = 0u; m < 2u; ++m) {
+        LOAD_LD(dsa[m], DS_AT + (qw + 16u * m) * DLD + 2u * n, DLD, ROW_MAJOR);
+#if defined(EMULATE)
+        if (none) dsa[m] = A_ZERO;
+#endif
+      }
+      UNROLL for (uint f = 0u; f < HF / 2u; ++f) {
+        FRAG_B kb;
+        LOAD(kb, n * 16u * LD + 2u * (cf + f), ROW_MAJOR);
+        UNROLL for (uint m = 0u; m < 2u; ++m) dq[m * (HF / 2u) + f] = MMA(dsa[m], kb, dq[m * (HF / 2u) + f]);
+      }
+    }
+  }
+  const uint out_first = pc.out_off + (tok0 * nh + h) * d, out_ld = nh * d;
+  UNROLL for (uint m = 0u; m < 2u; ++m) {
+    UNROLL for (uint f = 0u; f < HF / 2u; ++f) {
+      UNROLL for (uint i = 0u; i < 8u; ++i) {
+        const uint q = qr + 16u * m + lane_row(lane, i);
+        if (q < pc.seq)
+          o[out_first + q * out_ld + (cf + f) * 16u + lane_col(lane, i)] = dq[m * (HF / 2u) + f][i] * pc.scale;
+      }
+    }
+  }
+  return;
+
+#elif defined(FROM_DS)
   // ---- dq from the dS the DKV kernel wrote: rows are queries of head h ------------------------
   const uint h = gl_WorkGroupID.y, g = h / rep;
   const uint k_first = (tok0 * nkv + g) * d;

@@ -10,18 +10,20 @@
 // 8; element i is in row half (i >> ROW_SHIFT) & 1 and column half (i >> COL_SHIFT) & 1 (the
 // host's probe reads which, ops/attention_gemm.cpp).
 //
-// EMULATE: the same kernels without cooperative matrices, one subgroup of 32 lanes per workgroup
-// (WARPS must be 1, and the lanes are the workgroup's invocations, whatever the device's subgroup
-// size): every fragment (A, B and accumulator) is the lane's 8 elements in that pattern, fp16
-// values held in floats; products and the row exchanges go through shared memory. Slow, and
-// exact to fp32 accumulation in another order, for tests on any device.
+// EMULATE: the same kernels without cooperative matrices, WARPS emulated subgroups of 32 lanes
+// per workgroup (lanes 32 w ... 32 w + 31 of the workgroup's invocations are subgroup w's,
+// whatever the device's subgroup size; every kernel runs WARPS 1 but the backward's dq from dS
+// with QUAD, which runs 4): every fragment (A, B and accumulator) is the lane's 8 elements in
+// that pattern, fp16 values held in floats; products and the row exchanges go through shared
+// memory, with barriers, so every subgroup of the workgroup makes the same calls. Slow, and exact
+// to fp32 accumulation in another order, for tests on any device.
 
 // The kernels' loops over fragments: unrolled for the registers; kept as loops in the emulation,
 // whose shared-memory products would otherwise grow the shader past what lavapipe compiles quickly.
 #if defined(EMULATE)
 #define UNROLL [[dont_unroll]]
-#define LANE gl_LocalInvocationIndex
-#define WARP 0u
+#define LANE (gl_LocalInvocationIndex & 31u)
+#define WARP (gl_LocalInvocationIndex >> 5u)
 #define FRAG_A float[8]
 #define FRAG_B float[8]
 #define FRAG_C float[8]
@@ -99,7 +101,9 @@ uint next_visible_tile(uint j, uint tiles, uint size, uint sbase, int lo, int hi
 }
 
 #if defined(EMULATE)
-shared float emu_a[256], emu_b[256], emu_x[32];
+// Each emulated subgroup's 16x16 matrices at EMU (256 WARP) and its lanes' values at 32 WARP.
+shared float emu_a[256u * WARPS], emu_b[256u * WARPS], emu_x[32u * WARPS];
+#define EMU (256u * WARP)
 
 // The lane's elements of the 16x16 fp16 matrix at sh[off...] (lines ld chunks apart), stored as
 // LOAD says.
@@ -118,7 +122,7 @@ float[8] emu_load(uint off, uint ld, bool col_major) {
 // c + a b for the whole 16x16 matrices (every lane of the workgroup calls it together).
 float[8] emu_mma(float[8] a, float[8] b, float[8] c) {
   for (uint i = 0u; i < 8u; ++i) {
-    const uint at = lane_row(LANE, i) * 16u + lane_col(LANE, i);
+    const uint at = EMU + lane_row(LANE, i) * 16u + lane_col(LANE, i);
     emu_a[at] = a[i];
     emu_b[at] = b[i];
   }
@@ -126,7 +130,7 @@ float[8] emu_mma(float[8] a, float[8] b, float[8] c) {
   for (uint i = 0u; i < 8u; ++i) {
     const uint r = lane_row(LANE, i), col = lane_col(LANE, i);
     float sum = c[i];
-    for (uint k = 0u; k < 16u; ++k) sum += emu_a[r * 16u + k] * emu_b[k * 16u + col];
+    for (uint k = 0u; k < 16u; ++k) sum += emu_a[EMU + r * 16u + k] * emu_b[EMU + k * 16u + col];
     c[i] = sum;
   }
   barrier();
@@ -139,9 +143,9 @@ float[8] emu_round_f16(float[8] x) {
 }
 
 float emu_shuffle_xor(float x, uint mask) {
-  emu_x[LANE] = x;
+  emu_x[32u * WARP + LANE] = x;
   barrier();
-  const float y = emu_x[LANE ^ mask];
+  const float y = emu_x[32u * WARP + (LANE ^ mask)];
   barrier();
   return y;
 }

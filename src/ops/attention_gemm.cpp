@@ -276,9 +276,10 @@ void check_fused_backward_tiles(const gpu::Context& ctx, const AttentionGemmOpti
 // The dq kernel that reads dS: its shared memory (kernels/flash_backward_khr.comp's SH_SIZE with
 // FROM_DS: a key tile of k, the workgroup's rows of dS for it, the segment ids, the emulation's
 // arrays) within the device's.
-void check_fused_dq_ds_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t keys, uint32_t head_dim) {
+void check_fused_dq_ds_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t keys, uint32_t head_dim,
+                             bool emulated) {
   const uint64_t bytes = 16 * (uint64_t(keys) * (head_dim / 8 + 1) + 16ull * warps * (keys / 8 + 1)) + 4ull * keys +
-                         4 * (256 + 256 + 32);
+                         (emulated ? 4ull * warps * (256 + 256 + 32) : 0);
   if (bytes > ctx.info().max_shared_memory)
     throw std::invalid_argument("fused attention backward: dq from dS with " + std::to_string(warps) +
                                 " subgroups and key tiles of " + std::to_string(keys) + " needs " +
@@ -342,12 +343,16 @@ void fused_backward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, cons
   // dq from dS through memory where one dispatch's dS fits (the emulation: one subgroup per
   // workgroup, as the other kernels)
   const bool from_ds = uses_ds(ctx, group, m, o, t);
-  const uint32_t ds_warps = fs.emulated ? 1 : o.dq_ds_warps, ds_keys = 16 * kv_warps;
-  if (from_ds) check_fused_dq_ds_tiles(ctx, ds_warps, ds_keys, m.d);
+  // dq from dS by subgroups 2 x 2 where the shapes allow (the emulation: one such workgroup of 4)
+  const bool quad = o.dq_ds_quad && m.d % 32 == 0 && t.kv_queries >= 32 && (fs.emulated || o.dq_ds_warps % 2 == 0);
+  const uint32_t ds_warps = fs.emulated ? (quad ? 4 : 1) : o.dq_ds_warps, ds_keys = 16 * kv_warps;
+  if (from_ds) check_fused_dq_ds_tiles(ctx, ds_warps, ds_keys, m.d, fs.emulated);
+  const kernels::Kernel& dq_ds_kernel =
+      quad ? (fs.emulated ? kernels::flash_bwd_dq_ds_quad_khr_emu : kernels::flash_bwd_dq_ds_quad_khr)
+           : (fs.emulated ? kernels::flash_bwd_dq_ds_khr_emu : kernels::flash_bwd_dq_ds_khr);
   const gpu::Pipeline& p_dq =
-      from_ds ? ctx.pipelines().get(fs.emulated ? kernels::flash_bwd_dq_ds_khr_emu : kernels::flash_bwd_dq_ds_khr,
-                                    {ds_warps * 32, ds_warps, ds_keys, m.d, fs.row_shift, fs.col_shift,
-                                     t.paired ? 1u : 0u, t.kv_queries})
+      from_ds ? ctx.pipelines().get(dq_ds_kernel, {ds_warps * 32, ds_warps, ds_keys, m.d, fs.row_shift, fs.col_shift,
+                                                   t.paired ? 1u : 0u, t.kv_queries})
               : pipeline(kernels::flash_bwd_dq_khr, kernels::flash_bwd_dq_khr_emu, dq_warps, t.dq_keys);
   const gpu::Pipeline& p_dkv =
       from_ds ? pipeline(kernels::flash_bwd_dkv_ds_khr, kernels::flash_bwd_dkv_ds_khr_emu, kv_warps, t.kv_queries)
@@ -514,6 +519,11 @@ uint64_t attention_ds_bytes(uint32_t sequences, uint32_t seq, uint32_t n_heads,
 
 bool attention_dq_from_ds_default() {
   static const bool on = gpu::env_flag_default_on("FORJA_ATTENTION_DQ_FROM_DS");
+  return on;
+}
+
+bool attention_dq_ds_quad_default() {
+  static const bool on = gpu::env_flag_default_on("FORJA_ATTENTION_DQ_DS_QUAD");
   return on;
 }
 

@@ -34,6 +34,7 @@ bool attention_paired_default();
 // dq from dS through memory by default (AttentionGemmOptions::dq_from_ds): on, unless
 // FORJA_ATTENTION_DQ_FROM_DS=0 (for measuring the training step with and without it in one binary).
 bool attention_dq_from_ds_default();
+bool attention_dq_ds_quad_default();
 
 struct AttentionGemmOptions {
   GemmKernel kernel = GemmKernel::automatic;  // for the products (tests pick coopmat_emulated)
@@ -96,6 +97,14 @@ struct AttentionGemmOptions {
   // (B 1 backward 0.762-0.777 ms against 0.773-0.781 in the same calls).
   bool dq_from_ds = attention_dq_from_ds_default();
   uint32_t dq_ds_warps = 4;
+  // dq from dS with its subgroups 2 x 2 (kernels/flash_backward_khr.comp's QUAD): each computes 32
+  // query rows by half of head_dim, so every fragment of dS or K it loads serves two products
+  // (the other layout, 16 rows by all of head_dim, loads one per product). Where head_dim is a
+  // multiple of 32, the dk/dv kernel's query tiles hold 32 or more and dq_ds_warps is even. On
+  // an H100 the dq kernel 0.190 -> 0.180 ms, the backward 0.777 / 0.772 -> 0.759 / 0.759 (B 1),
+  // 2.780 -> 2.730 (B 4), 5.315 -> 5.255 (B 8); 8 subgroups 0.771 / 0.764, 2 0.781 / 0.779
+  // (docs/benchmarks.md, run 43). FORJA_ATTENTION_DQ_DS_QUAD=0 turns it off.
+  bool dq_ds_quad = attention_dq_ds_quad_default();
   // q and k hold the fp16 [tokens, heads, d] copies the fused kernels read (ops::qk_norm_rope_f16
   // made them), not fp32: the fused forward and backward only, where attention_gemm_takes_f16_qk.
   bool qk_f16 = false;

@@ -58,6 +58,7 @@ struct Impl {
   uint32_t forward_keys = 0;        // > 0: the fused forward's key tile on the device
   bool paired = false;              // the fused kernels' workgroups take two row tiles
   bool dq_from_ds = true;           // the fused backward's dq from dS through memory
+  bool dq_ds_quad = false;          // and its subgroups 2 x 2
   std::string name() const {
     return gemm ? "gemm " + ops::gemm_kernel_name(kernel) + " chunk " + std::to_string(chunk_rows) +
                       (fused_forward ? " fused forward" : "") + (fused_backward ? " fused backward" : "") +
@@ -67,7 +68,8 @@ struct Impl {
                       (forward_prefetch ? ", prefetch" : "") +
                       (forward_keys ? ", forward keys " + std::to_string(forward_keys) : "") +
                       (paired ? ", paired" : "") +
-                      (fused_backward && !dq_from_ds ? ", dq recomputed" : "")
+                      (fused_backward && !dq_from_ds ? ", dq recomputed" : "") +
+                      (dq_ds_quad ? ", dq from dS 2 x 2" : "")
                 : "tiled";
   }
   ops::AttentionGemmOptions options() const {
@@ -81,6 +83,7 @@ struct Impl {
     if (forward_keys) o.fused_forward_tiles.keys = forward_keys;
     o.fused_forward_tiles.paired = o.fused_backward_tiles.paired = paired;
     o.dq_from_ds = dq_from_ds;
+    o.dq_ds_quad = dq_ds_quad;
     return o;
   }
 };
@@ -266,10 +269,11 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
                           {1, 200, 4, 2, 128}, {1, 256, 8, 2, 128}, {3, 33, 2, 2, 32}};
   Impl fused{true, ops::GemmKernel::automatic, 0, true};
   fused.fused_backward = true;
-  for (const bool from_ds : {true, false})
+  for (const int dq : {0, 1, 2})  // from dS, from dS by subgroups 2 x 2, recomputed
     for (const bool paired : {false, true}) {
       fused.paired = paired;
-      fused.dq_from_ds = from_ds;
+      fused.dq_from_ds = dq < 2;
+      fused.dq_ds_quad = dq == 1;
       for (const Shape& s : shapes) {
         check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
         check(s, packed_segments(s, rng_), fused);
@@ -300,6 +304,29 @@ TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
     fused.paired = index % 4 == 1 || index % 4 == 2;
     fused.dq_from_ds = index % 2 == 1;
     ++index;
+    fused.emulated_row_shift = row_shift;
+    fused.emulated_tile = tile;
+    check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
+    check(s, packed_segments(s, rng_), fused);
+  }
+}
+
+// The same emulation with dq from dS by subgroups 2 x 2 (AttentionGemmOptions::dq_ds_quad; the
+// emulation's workgroup is 4 subgroups on 64 query rows): head_dim 32 to 128 (one to four d
+// fragments a subgroup), 16 (the other layout), the dk/dv kernel's query tiles of 32 and 64
+// (its dS in blocks of 32 and 64 queries), sequences shorter than and beyond a workgroup's rows,
+// causal and packed, one or two row tiles a workgroup.
+TEST_F(AttentionTest, FusedDqFromDsByFourSubgroupsEmulatedMatchesReference) {
+  const std::tuple<Shape, uint32_t, uint32_t> cases[] = {{{1, 37, 2, 1, 128}, 2, 32},
+                                                         {{2, 150, 6, 2, 32}, 1, 32},
+                                                         {{2, 40, 6, 1, 16}, 2, 32},
+                                                         {{1, 131, 6, 2, 64}, 1, 64}};
+  uint32_t index = 0;
+  for (const auto& [s, row_shift, tile] : cases) {
+    Impl fused{true, ops::GemmKernel::automatic, 0, true};
+    fused.fused_backward = true;
+    fused.dq_ds_quad = true;
+    fused.paired = index++ % 2 == 0;
     fused.emulated_row_shift = row_shift;
     fused.emulated_tile = tile;
     check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
