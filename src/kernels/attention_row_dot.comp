@@ -1,10 +1,14 @@
 #version 450
+#extension GL_KHR_shader_subgroup_arithmetic : require
 // D = rowsum(dout * out) per (token, head), the statistic of attention's backward (dS = P (dP -
 // D)), for the fused backward (flash_backward_khr.comp), which reads it per query tile.
 // out and dout fp32 [tokens, heads, d]; drow fp32 [B, heads, S] like lse. 32 invocations per row,
 // each summing every 32nd element, so that a subgroup's loads are contiguous (one invocation per
 // row read 128 floats 512 bytes apart from its neighbours': 5x slower than memory allows on an
-// H100); the 32 partial sums are added in shared memory.
+// H100); the 32 partial sums are added by one subgroup add where a subgroup is 32 invocations,
+// one row (NVIDIA; then no barrier keeps the rows of a workgroup together), else in shared memory
+// (lavapipe's subgroups of 8, AMD's of 64). It runs only beside the fused attention kernels,
+// which need subgroup arithmetic too.
 // attention_row_dot_f16: out is fp16 in rows of out_ld halves per token ([tokens, out_ld], heads
 // side by side from column 0: the copy of the attention output that o_proj reads, which the
 // engine keeps across checkpointing, model/transformer.h); out_off and out_ld even.
@@ -62,17 +66,23 @@ void main() {
 #endif
       }
     }
-    part[gl_LocalInvocationIndex] = sum;
-    barrier();
-    for (uint half_ = LANES / 2u; half_ > 0u; half_ /= 2u) {
-      if (lane < half_) part[gl_LocalInvocationIndex] += part[gl_LocalInvocationIndex + half_];
+    // The same branch in every invocation of the dispatch.
+    if (gl_SubgroupSize == LANES) {
+      sum = subgroupAdd(sum);
+    } else {
+      part[gl_LocalInvocationIndex] = sum;
       barrier();
+      for (uint half_ = LANES / 2u; half_ > 0u; half_ /= 2u) {
+        if (lane < half_) part[gl_LocalInvocationIndex] += part[gl_LocalInvocationIndex + half_];
+        barrier();
+      }
+      sum = part[gl_LocalInvocationIndex];
+      barrier();  // the next pass overwrites part[]
     }
     if (lane == 0u && r < pc.rows) {
       const uint token = r / pc.n_heads, h = r % pc.n_heads;
       const uint b = token / pc.seq, s = token % pc.seq;
-      drow[pc.drow_off + (b * pc.n_heads + h) * pc.seq + s] = part[gl_LocalInvocationIndex];
+      drow[pc.drow_off + (b * pc.n_heads + h) * pc.seq + s] = sum;
     }
-    barrier();  // the next pass overwrites part[]
   }
 }
