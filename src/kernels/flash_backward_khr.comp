@@ -219,7 +219,7 @@ void row_tile(const uint wt) {
   // ---- dq from dS with the subgroups 2 x 2: subgroup w computes 32 rows (qr...) by half of
   // head_dim (fragments cf...), so a fragment of dS or K loaded serves two products, where the
   // layout below loads one fragment per product (DS_QUERIES >= 32 and HD a multiple of 32: the
-  // 32 rows are one query tile of the DKV kernel and one dS block's) ------------------------------
+  // 32 rows lie in one query tile of the DKV kernel and one block of dS) ---------------------------
   const uint h = gl_WorkGroupID.y, g = h / rep;
   const uint k_first = (tok0 * nkv + g) * d;
   const uint ds_head = (b * nh + h) * ds_head_size();
