@@ -215,78 +215,25 @@ void row_tile(const uint wt) {
   FRAG_C acc[HF];
   UNROLL for (uint f = 0u; f < HF; ++f) acc[f] = C_ZERO;
 
-#if defined(FROM_DS) && defined(QUAD)
-  // ---- dq from dS with the subgroups 2 x 2: subgroup w computes 32 rows (qr...) by half of
-  // head_dim (fragments cf...), so a fragment of dS or K loaded serves two products, where the
-  // layout below loads one fragment per product (DS_QUERIES >= 32 and HD a multiple of 32: the
-  // 32 rows lie in one query tile of the DKV kernel and one block of dS) ---------------------------
+#if defined(FROM_DS)
+  // ---- dq from the dS the DKV kernel wrote: rows are queries of head h. Each subgroup computes
+  // rows qr... by all of head_dim; with QUAD the subgroups are 2 x 2: 32 rows by half of head_dim
+  // (fragments cf...), so a fragment of dS or K loaded serves two products, where the other
+  // layout loads one fragment per product (QUAD needs DS_QUERIES >= 32 and HD a multiple of 32:
+  // the 32 rows lie in one query tile of the DKV kernel and one block of dS) -----------------------
   const uint h = gl_WorkGroupID.y, g = h / rep;
   const uint k_first = (tok0 * nkv + g) * d;
   const uint ds_head = (b * nh + h) * ds_head_size();
-  const uint qw = (warp >> 1u) * 32u, qr = r0 + qw, cf = (warp & 1u) * (HF / 2u);
+#if defined(QUAD)
+  const uint qw = (warp >> 1u) * 32u, qn = 32u, cf = (warp & 1u) * (HF / 2u);
+#else
+  const uint qw = warp * 16u, qn = 16u;
+#endif
+  const uint qr = r0 + qw;  // the subgroup's first row (qn rows)
+  // The DKV kernel's query tile that holds this subgroup's rows, and its segment range.
   int tlo, thi;
   bool tgap;
   segment_range(sbase, qr / DS_QUERIES * DS_QUERIES, DS_QUERIES, tlo, thi, tgap);
-  const uint r_end = min(pc.seq, r0 + ROWS);
-  const uint tiles = (r_end + BT - 1u) / BT;
-  FRAG_C dq[2u * (HF / 2u)];  // row fragment m, d fragment cf + f at m * HF / 2 + f
-  UNROLL for (uint f = 0u; f < HF; ++f) dq[f] = C_ZERO;
-  int nlo, nhi;
-  bool ngap;
-  uvec4 pk[PK], pd[PD];
-  uint jn = next_visible_tile(0u, tiles, BT, sbase, rlo, rhi, nlo, nhi, ngap);
-  if (jn < tiles) fetch_dq(jn * BT, r0, k_first, nkv * d, ds_head, pk, pd);
-  while (jn < tiles) {
-    const uint c0 = jn * BT;
-    const int clo = nlo, chi = nhi;
-    barrier();
-    put_dq(pk, pd);
-    barrier();
-    jn = next_visible_tile(jn + 1u, tiles, BT, sbase, rlo, rhi, nlo, nhi, ngap);
-    if (jn < tiles) fetch_dq(jn * BT, r0, k_first, nkv * d, ds_head, pk, pd);
-    // Keys all after the subgroup's last row, or a pair the DKV kernel skipped: nothing there. The
-    // emulation multiplies zeros instead, its products being the workgroup's together.
-    const bool none = c0 > qr + 31u || chi < tlo || clo > thi;
-#if !defined(EMULATE)
-    if (none) continue;
-#endif
-    UNROLL for (uint n = 0u; n < NF; ++n) {
-      FRAG_A dsa[2];
-      UNROLL for (uint m = 0u; m < 2u; ++m) {
-        LOAD_LD(dsa[m], DS_AT + (qw + 16u * m) * DLD + 2u * n, DLD, ROW_MAJOR);
-#if defined(EMULATE)
-        if (none) dsa[m] = A_ZERO;
-#endif
-      }
-      UNROLL for (uint f = 0u; f < HF / 2u; ++f) {
-        FRAG_B kb;
-        LOAD(kb, n * 16u * LD + 2u * (cf + f), ROW_MAJOR);
-        UNROLL for (uint m = 0u; m < 2u; ++m) dq[m * (HF / 2u) + f] = MMA(dsa[m], kb, dq[m * (HF / 2u) + f]);
-      }
-    }
-  }
-  const uint out_first = pc.out_off + (tok0 * nh + h) * d, out_ld = nh * d;
-  UNROLL for (uint m = 0u; m < 2u; ++m) {
-    UNROLL for (uint f = 0u; f < HF / 2u; ++f) {
-      UNROLL for (uint i = 0u; i < 8u; ++i) {
-        const uint q = qr + 16u * m + lane_row(lane, i);
-        if (q < pc.seq)
-          o[out_first + q * out_ld + (cf + f) * 16u + lane_col(lane, i)] = dq[m * (HF / 2u) + f][i] * pc.scale;
-      }
-    }
-  }
-  return;
-
-#elif defined(FROM_DS)
-  // ---- dq from the dS the DKV kernel wrote: rows are queries of head h ------------------------
-  const uint h = gl_WorkGroupID.y, g = h / rep;
-  const uint k_first = (tok0 * nkv + g) * d;
-  const uint ds_head = (b * nh + h) * ds_head_size();
-  // The DKV kernel's query tile that holds this subgroup's rows, and its segment range.
-  const uint qt0 = rw / DS_QUERIES * DS_QUERIES;
-  int tlo, thi;
-  bool tgap;
-  segment_range(sbase, qt0, DS_QUERIES, tlo, thi, tgap);
   const uint r_end = min(pc.seq, r0 + ROWS);
   const uint tiles = (r_end + BT - 1u) / BT;
   // The visible key tiles in turn, the next one's K and dS in flight while this one is computed:
@@ -304,10 +251,32 @@ void row_tile(const uint wt) {
     barrier();
     jn = next_visible_tile(jn + 1u, tiles, BT, sbase, rlo, rhi, nlo, nhi, ngap);
     if (jn < tiles) fetch_dq(jn * BT, r0, k_first, nkv * d, ds_head, pk, pd);
-    if (c0 > rw + 15u) continue;           // every key of the tile is after this subgroup's last query
-    if (chi < tlo || clo > thi) continue;  // the DKV kernel skipped this pair: its dS is not there
+    // Every key of the tile after the subgroup's last row, or a pair the DKV kernel skipped (its
+    // dS is not there): nothing to add. QUAD's emulation, whose products are its workgroup's
+    // together, multiplies zeros instead.
+    const bool none = c0 > qr + qn - 1u || chi < tlo || clo > thi;
+#if !defined(EMULATE) || !defined(QUAD)
+    if (none) continue;
+#endif
+#if defined(QUAD)
+    // acc[m * HF / 2 + f]: row fragment m, d fragment cf + f
+    UNROLL for (uint n = 0u; n < NF; ++n) {
+      FRAG_A dsa[2];
+      UNROLL for (uint m = 0u; m < 2u; ++m) {
+        LOAD_LD(dsa[m], DS_AT + (qw + 16u * m) * DLD + 2u * n, DLD, ROW_MAJOR);
+#if defined(EMULATE)
+        if (none) dsa[m] = A_ZERO;
+#endif
+      }
+      UNROLL for (uint f = 0u; f < HF / 2u; ++f) {
+        FRAG_B kb;
+        LOAD(kb, n * 16u * LD + 2u * (cf + f), ROW_MAJOR);
+        UNROLL for (uint m = 0u; m < 2u; ++m) acc[m * (HF / 2u) + f] = MMA(dsa[m], kb, acc[m * (HF / 2u) + f]);
+      }
+    }
+#else
     FRAG_A dsa[NF];
-    UNROLL for (uint n = 0u; n < NF; ++n) LOAD_LD(dsa[n], DS_AT + warp * 16u * DLD + 2u * n, DLD, ROW_MAJOR);
+    UNROLL for (uint n = 0u; n < NF; ++n) LOAD_LD(dsa[n], DS_AT + qw * DLD + 2u * n, DLD, ROW_MAJOR);
     UNROLL for (uint f = 0u; f < HF; ++f) {
       UNROLL for (uint n = 0u; n < NF; ++n) {
         FRAG_B kb;
@@ -315,8 +284,21 @@ void row_tile(const uint wt) {
         acc[f] = MMA(dsa[n], kb, acc[f]);
       }
     }
+#endif
   }
   const uint out_first = pc.out_off + (tok0 * nh + h) * d, out_ld = nh * d;
+#if defined(QUAD)
+  UNROLL for (uint m = 0u; m < 2u; ++m) {
+    UNROLL for (uint f = 0u; f < HF / 2u; ++f) {
+      UNROLL for (uint i = 0u; i < 8u; ++i) {
+        const uint q = qr + 16u * m + lane_row(lane, i);
+        if (q < pc.seq)
+          o[out_first + q * out_ld + (cf + f) * 16u + lane_col(lane, i)] = acc[m * (HF / 2u) + f][i] * pc.scale;
+      }
+    }
+  }
+  return;  // its rows and columns are not the layout the common write below assumes
+#endif
 
 #elif defined(DQ)
   // ---- dq: rows are queries of head h -------------------------------------------------------
