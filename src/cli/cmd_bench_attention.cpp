@@ -45,6 +45,7 @@ struct AttnBenchOptions {
   bool model_inputs = false;  // fused-backward: q, k and the backward's out in fp16, as training keeps them
   uint32_t dq_ds_warps = 0;   // fused-backward's dq-from-dS workgroups; 0: the default
   int dq_ds_quad = -1;        // fused-backward's dq from dS by subgroups 2 x 2: 0, 1; -1: the default
+  int pingpong = -1;          // the fused forward's ping-pong schedule: 0, 1; -1: the default
 };
 
 struct Buffers {
@@ -146,6 +147,8 @@ int run(const AttnBenchOptions& o) {
       g->fused_backward_tiles.paired = o.paired != 0;
     }
   }
+  if (o.pingpong >= 0)
+    for (ops::AttentionGemmOptions* g : {&fused, &fused_backward}) g->fused_forward_tiles.pingpong = o.pingpong != 0;
   if (o.dq_ds_warps) fused_backward.dq_ds_warps = o.dq_ds_warps;
   if (o.dq_ds_quad >= 0) fused_backward.dq_ds_quad = o.dq_ds_quad != 0;
   if (o.dkv_split_target >= 0) fused_backward.dkv_split_target = static_cast<uint32_t>(o.dkv_split_target);
@@ -354,6 +357,10 @@ forja::cli::CommandRegistration bench_attention_registration{"bench-attention", 
   cmd->add_option("--dq-ds-quad", o->dq_ds_quad,
                   "fused-backward's dq from dS: subgroups 2 x 2, 32 rows by half of head_dim each (1), or 16 rows "
                   "by all of it (0); default: the library's (1)")
+      ->check(CLI::Range(0, 1));
+  cmd->add_option("--pingpong", o->pingpong,
+                  "the fused forward's ping-pong schedule: half of the subgroups on their products while the other "
+                  "half runs its softmax (1), or all in step (0); default: the library's (FORJA_ATTENTION_PINGPONG)")
       ->check(CLI::Range(0, 1));
   cmd->add_flag("--model-inputs", o->model_inputs,
                 "fused-backward as training runs it: q, k and the backward's out given in fp16 (copied outside "

@@ -71,6 +71,10 @@ layout(constant_id = 6) const bool PREFETCH = false;
 // cost the same and no long tile is left running alone at the end (one sequence gives 4 waves of
 // one workgroup per multiprocessor at 32 heads).
 layout(constant_id = 7) const bool PAIRED = false;
+// The ping-pong schedule (key_loop_pingpong): the first half of the subgroups runs its products
+// while the second half runs its softmax, and the other way round, half a tile apart. Not with
+// PREFETCH.
+layout(constant_id = 8) const bool PINGPONG = false;
 
 layout(push_constant) uniform PC {
   uint seq, n_heads, n_kv_heads, head_dim;
@@ -101,7 +105,7 @@ const uint KV_SIZE = BC * LD;
 const uint SH_SIZE = 2u * KV_SIZE > BR * LD ? 2u * KV_SIZE : BR * LD;
 
 shared uvec4 sh[SH_SIZE];  // K at 0, V at KV_SIZE; before the loop, Q at 0
-shared int sseg_k[BC];
+shared int sseg_k[2u * BC];  // the tile's segment ids at 0, or (PINGPONG) at BC times its parity
 
 #include "flash_khr_common.glsl"
 
@@ -145,13 +149,14 @@ struct Rows {
   float m[2], l[2];
 };
 
-// The online softmax of the key tile from k0 (S in s, the tile's segment ids in sseg_k; `full`:
-// every pair visible) and O += P V with V staged at sh[KV_SIZE...]: element i of a fragment is in
-// row half (i >> ROW_SHIFT) & 1. The maxima are taken on the raw scores (s2 > 0 keeps their
-// order) and the scale is folded into the exponent, one fma per element; masked scores are -inf,
-// whose exp2 is 0. l holds this lane's share of each row's sum; the four lanes of a row add
-// theirs at the end.
-void softmax_pv(inout FRAG_C s[NF], uint k0, bool full, float s2, inout Rows r, inout FRAG_C acc[HF]) {
+// The online softmax of the key tile from k0 (S in s, the tile's segment ids in sseg_k[slot...];
+// `full`: every pair visible), O's accumulators rescaled and P as A fragments (rounded to fp16
+// by the conversion) in pa: element i of a fragment is in row half (i >> ROW_SHIFT) & 1. The
+// maxima are taken on the raw scores (s2 > 0 keeps their order) and the scale is folded into the
+// exponent, one fma per element; masked scores are -inf, whose exp2 is 0. l holds this lane's
+// share of each row's sum; the four lanes of a row add theirs at the end.
+void softmax(inout FRAG_C s[NF], uint k0, bool full, uint slot, float s2, inout Rows r, inout FRAG_C acc[HF],
+             out FRAG_A pa[NF]) {
   const uint lane = LANE;
   // The mask in a pass of its own, one branch per tile rather than one per element in the loop
   // the rest runs.
@@ -162,7 +167,7 @@ void softmax_pv(inout FRAG_C s[NF], uint k0, bool full, float s2, inout Rows r, 
         const uint c = n * 16u + lane_col(lane, i);
         const uint qi = hh == 0u ? r.row0 : r.row1;
         const int sq = hh == 0u ? r.seg0 : r.seg1;
-        if (k0 + c > qi || qi >= pc.seq || sq == 0 || sseg_k[c] != sq) s[n][i] = NEG_INF;
+        if (k0 + c > qi || qi >= pc.seq || sq == 0 || sseg_k[slot + c] != sq) s[n][i] = NEG_INF;
       }
     }
   }
@@ -189,10 +194,11 @@ void softmax_pv(inout FRAG_C s[NF], uint k0, bool full, float s2, inout Rows r, 
   }
   UNROLL for (uint f = 0u; f < HF; ++f)
     UNROLL for (uint i = 0u; i < 8u; ++i) acc[f][i] *= alpha[(i >> ROW_SHIFT) & 1u];
-
-  // O += P V: P (rounded to fp16 by the conversion) as A fragments, V staged [key][d] row-major.
-  FRAG_A pa[NF];
   UNROLL for (uint n = 0u; n < NF; ++n) pa[n] = TO_A(s[n]);
+}
+
+// O += P V, V staged [key][d] row-major at sh[KV_SIZE...].
+void add_pv(const FRAG_A pa[NF], inout FRAG_C acc[HF]) {
   UNROLL for (uint f = 0u; f < HF; ++f) {
     UNROLL for (uint n = 0u; n < NF; ++n) {
       FRAG_B vb;
@@ -206,6 +212,101 @@ void softmax_pv(inout FRAG_C s[NF], uint k0, bool full, float s2, inout Rows r, 
 // segment throughout and every key at or before the first row.
 bool all_visible(bool qgap, int qlo, int qhi, bool kgap, int klo, int khi, uint k0, uint qw) {
   return !qgap && !kgap && qlo == qhi && klo == khi && qlo == klo && k0 + BC <= qw + 1u;
+}
+
+// The key tiles of a query tile in the ping-pong schedule (PINGPONG). A subgroup's work per key
+// tile is its products (S = Q K^T, and P V once its softmax is done) and its softmax; within a
+// workgroup those serialise today: the barriers hold every subgroup in the same phase, so the
+// softmax of all of them runs while the matrix cores wait (docs/benchmarks.md, run 35's
+// ablations). Here each visible key tile t is one step of two halves between barriers, and
+// subgroups w < WARPS/2 ("lead") and the others ("lag") run opposite work in each half:
+//
+//   step t, first half:  lead: P V of tile t-1, then S of tile t   lag: softmax of tile t-1
+//   step t, second half: lead: softmax of tile t                    lag: P V of tile t-1, then S of t
+//
+// so a scheduler (NVIDIA places subgroup w on scheduler w % 4) holds one subgroup on the matrix
+// cores and one in its softmax. Step t stages K of tile t and V of tile t-1 (both slots are free:
+// their last readers ran in step t-1), so shared memory is what the plain loop uses; the tile's
+// segment ids alternate between two slots, since the lag's softmax of tile t runs in step t+1.
+// One step after the last visible tile stages its V alone. In the emulation every subgroup makes
+// every call of both halves (its products and exchanges go through barriers) and keeps only the
+// results of its own work.
+void key_loop_pingpong(const FRAG_A qa[HF], uint qw, uint tiles, uint sbase, uint k_first, uint v_first, uint ld,
+                       int qlo, int qhi, bool qgap, float s2, inout Rows r, inout FRAG_C acc[HF]) {
+  const bool lead = WARP < WARPS / 2u;
+  FRAG_C s[NF];
+  FRAG_A pa[NF];
+  UNROLL for (uint n = 0u; n < NF; ++n) {
+    s[n] = C_ZERO;
+    pa[n] = A_ZERO;
+  }
+  bool has_s = false, has_p = false;  // S waiting for its softmax; P waiting for its product with V
+  uint s_k0 = 0u, s_slot = 0u;
+  bool s_full = false;
+  uint jp = tiles, slot = 0u;  // the previous visible tile (none yet); this step's segment slot
+  for (uint j = 0u; j <= tiles; ++j) {
+    const uint k0 = j * BC;
+    int klo, khi;
+    bool kgap = true;
+    if (j < tiles) {
+      segment_range(sbase, k0, BC, klo, khi, kgap);
+      if (khi < qlo || klo > qhi) continue;  // no visible pair (the same decision in every subgroup)
+    } else if (jp == tiles) {
+      break;  // no V left to stage
+    }
+    barrier();  // every subgroup is done with the previous step's K and V
+    if (j < tiles) {
+      STAGE(k8, 0u, k0, BC, k_first, ld);
+      for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[slot + c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
+    }
+    if (jp < tiles) STAGE(v8, KV_SIZE, jp * BC, BC, v_first, ld);
+    barrier();
+    const bool run_s = j < tiles && k0 <= qw + 15u;  // not past this subgroup's last row
+    const bool full = run_s && all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw);
+    [[dont_unroll]] for (uint part = 0u; part < 2u; ++part) {
+      if (part == 1u) barrier();  // the roles swap
+      const bool products = lead == (part == 0u);
+#if defined(EMULATE)
+      FRAG_C a2[HF], a3[HF], s3[NF], s4[NF];
+      FRAG_A p2[NF];
+      UNROLL for (uint f = 0u; f < HF; ++f) a2[f] = acc[f];
+      add_pv(pa, a2);
+      scores(qa, s3);
+      if (products) {
+        UNROLL for (uint f = 0u; f < HF; ++f) if (has_p) acc[f] = a2[f];
+        UNROLL for (uint n = 0u; n < NF; ++n) if (run_s) s[n] = s3[n];
+      }
+      Rows r2 = r;
+      UNROLL for (uint f = 0u; f < HF; ++f) a3[f] = acc[f];
+      UNROLL for (uint n = 0u; n < NF; ++n) s4[n] = s[n];
+      softmax(s4, s_k0, s_full, s_slot, s2, r2, a3, p2);
+      if (!products && has_s) {
+        r = r2;
+        UNROLL for (uint f = 0u; f < HF; ++f) acc[f] = a3[f];
+        UNROLL for (uint n = 0u; n < NF; ++n) pa[n] = p2[n];
+      }
+#else
+      if (products) {
+        if (has_p) add_pv(pa, acc);
+        if (run_s) scores(qa, s);
+      } else if (has_s) {
+        softmax(s, s_k0, s_full, s_slot, s2, r, acc, pa);
+      }
+#endif
+      if (products) {
+        has_p = false;
+        if (run_s) {
+          has_s = true;
+          s_k0 = k0, s_slot = slot, s_full = full;
+        }
+      } else if (has_s) {
+        has_s = false;
+        has_p = true;
+      }
+    }
+    jp = j;
+    slot ^= BC;
+  }
 }
 
 // Query tile qt of head gl_WorkGroupID.y, sequence gl_WorkGroupID.z.
@@ -246,6 +347,9 @@ void query_tile(const uint qt) {
   // loads are in flight. Without it, each tile's visibility is decided at its turn, in a loop
   // counted by j alone: the H100 ran that 8-15% faster than a loop stepping to the next visible
   // tile (B 1: 0.349 against 0.404 ms; docs/benchmarks.md, run 15).
+  if (PINGPONG) {
+    key_loop_pingpong(qa, qw, tiles, sbase, k_first, v_first, nkv * d, qlo, qhi, qgap, s2, r, acc);
+  } else {
   int nlo, nhi;
   bool ngap;
   uvec4 pk[PER], pv[PER];
@@ -280,7 +384,10 @@ void query_tile(const uint qt) {
     if (k0 > qw + 15u) continue;  // past this subgroup's last row
     FRAG_C s[NF];
     scores(qa, s);
-    softmax_pv(s, k0, all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw), s2, r, acc);
+    FRAG_A pa[NF];
+    softmax(s, k0, all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw), 0u, s2, r, acc, pa);
+    add_pv(pa, acc);
+  }
   }
 
   // The rows' sums from the lanes' shares; out = O / l for this lane's elements (two adjacent

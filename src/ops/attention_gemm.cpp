@@ -106,7 +106,8 @@ void check_fused_forward_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t
   if (!(warps == 1 || warps == 2 || warps == 4 || warps == 8) || !(keys == 16 || keys == 32 || keys == 64))
     throw std::invalid_argument("fused attention forward tiles: subgroups must be 1, 2, 4 or 8 and tiles 16, 32 or 64");
   const uint64_t ld = head_dim / 8 + 1;
-  const uint64_t bytes = 16 * std::max<uint64_t>(2ull * keys * ld, 16ull * warps * ld) + 4ull * keys + 4 * (256 + 256 + 32);
+  const uint64_t bytes =
+      16 * std::max<uint64_t>(2ull * keys * ld, 16ull * warps * ld) + 8ull * keys + 4ull * warps * (256 + 256 + 32);
   if (bytes > ctx.info().max_shared_memory)
     throw std::invalid_argument("fused attention forward tiles: " + std::to_string(warps) + " subgroups and tiles of " +
                                 std::to_string(keys) + " need " + std::to_string(bytes) +
@@ -188,13 +189,15 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
                    const gpu::Buffer& v, const gpu::Buffer& segments, const gpu::Buffer& out, const gpu::Buffer& lse,
                    float scale, const AttentionGemmOptions& o) {
   const FusedSetup f = fused_setup(ctx, o);
-  const uint32_t warps = f.emulated ? 1 : o.fused_forward_tiles.warps;
+  // The ping-pong schedule needs two subgroups to show both roles; it has no prefetch.
+  const bool pingpong = o.fused_forward_tiles.pingpong;
+  const uint32_t warps = f.emulated ? (pingpong ? 2 : 1) : o.fused_forward_tiles.warps;
   const uint32_t keys = f.emulated ? o.emulated_tile : o.fused_forward_tiles.keys;
   check_fused_forward_tiles(ctx, warps, keys, m.d);
   const auto& p = ctx.pipelines().get(f.emulated ? kernels::flash_fwd_khr_emu : kernels::flash_fwd_khr,
                                       {warps * 32, warps, keys, m.d, f.row_shift, f.col_shift,
-                                       o.fused_forward_tiles.prefetch ? 1u : 0u,
-                                       o.fused_forward_tiles.paired ? 1u : 0u});
+                                       o.fused_forward_tiles.prefetch && !pingpong ? 1u : 0u,
+                                       o.fused_forward_tiles.paired ? 1u : 0u, pingpong ? 1u : 0u});
   const uint32_t rows_per_group = warps * 16;
   const uint32_t per = sequences_per_dispatch(ctx, "attention_gemm_forward", m);
   const uint32_t group = std::min(per, m.batch);
@@ -567,6 +570,10 @@ bool attention_fused_kernels_run(gpu::Context& ctx, uint32_t head_dim, const Att
 bool attention_paired_default() {
   static const bool paired = gpu::env_flag_default_on("FORJA_ATTENTION_PAIRED");
   return paired;
+}
+bool attention_pingpong_default() {
+  static const bool pingpong = gpu::env_flag("FORJA_ATTENTION_PINGPONG");
+  return pingpong;
 }
 
 bool attention_fused_backward_enabled(gpu::Context& ctx, uint32_t head_dim) {

@@ -31,6 +31,8 @@ namespace forja::ops {
 // The fused kernels' paired row tiles by default (AttentionGemmOptions' `paired`): on, unless
 // FORJA_ATTENTION_PAIRED=0 (for measuring the training step with and without them in one binary).
 bool attention_paired_default();
+// Whether the fused forward runs its ping-pong schedule by default: FORJA_ATTENTION_PINGPONG=1.
+bool attention_pingpong_default();
 // dq from dS through memory by default (AttentionGemmOptions::dq_from_ds): on, unless
 // FORJA_ATTENTION_DQ_FROM_DS=0 (for measuring the training step with and without it in one binary).
 bool attention_dq_from_ds_default();
@@ -58,10 +60,15 @@ struct AttentionGemmOptions {
   // cost the same), half as many workgroups (`forja bench attention --paired`). On an H200 (run 22)
   // forward + backward at B 1 went 1.267 -> 1.161 ms, at B 8 8.428 -> 8.359; the 1x2048 step
   // +1.6%. FORJA_ATTENTION_PAIRED=0 turns it off by default, for the training step too.
+  // pingpong: the kernel's PINGPONG schedule (its key_loop_pingpong: half of the subgroups run
+  // their products while the other half runs its softmax; not with prefetch; the emulation runs
+  // 2 subgroups for it). FORJA_ATTENTION_PINGPONG=1 turns it on by default, for the training
+  // step too.
   struct FusedForwardTiles {
     uint32_t warps = 8, keys = 64;
     bool prefetch = false;
     bool paired = attention_paired_default();
+    bool pingpong = attention_pingpong_default();
   } fused_forward_tiles;
   // The backward as two fused kernels (kernels/flash_backward_khr.comp: dq per query tile; dk and
   // dv together per key tile, summing a kv head's query heads; P recomputed from lse in registers)

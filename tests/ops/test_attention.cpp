@@ -55,6 +55,7 @@ struct Impl {
   uint32_t emulated_row_shift = 0;  // > 0: the fused kernels' emulation, with this accumulator order
   uint32_t emulated_tile = 32;      // and this tile of keys / queries
   bool forward_prefetch = false;    // the fused forward's prefetch of the next key tile
+  bool forward_pingpong = false;    // the fused forward's ping-pong schedule
   uint32_t forward_keys = 0;        // > 0: the fused forward's key tile on the device
   bool paired = false;              // the fused kernels' workgroups take two row tiles
   bool dq_from_ds = true;           // the fused backward's dq from dS through memory
@@ -65,7 +66,7 @@ struct Impl {
                       (emulated_row_shift ? " emulated, row shift " + std::to_string(emulated_row_shift) +
                                                 ", tile " + std::to_string(emulated_tile)
                                           : "") +
-                      (forward_prefetch ? ", prefetch" : "") +
+                      (forward_prefetch ? ", prefetch" : "") + (forward_pingpong ? ", ping-pong" : "") +
                       (forward_keys ? ", forward keys " + std::to_string(forward_keys) : "") +
                       (paired ? ", paired" : "") +
                       (fused_backward && !dq_from_ds ? ", dq recomputed" : "") +
@@ -80,6 +81,7 @@ struct Impl {
     if (o.fused_emulated) o.emulated_row_shift = emulated_row_shift;
     o.emulated_tile = emulated_tile;
     o.fused_forward_tiles.prefetch = forward_prefetch;
+    o.fused_forward_tiles.pingpong = forward_pingpong;
     if (forward_keys) o.fused_forward_tiles.keys = forward_keys;
     o.fused_forward_tiles.paired = o.fused_backward_tiles.paired = paired;
     o.dq_from_ds = dq_from_ds;
@@ -239,16 +241,17 @@ TEST_F(AttentionTest, GemmPathPackedSegmentsMatchReference) {
 // The fused forward kernel (kernels/flash_forward_khr.comp), where the device runs it (NVIDIA):
 // head_dim 16, 64, 128, sequences shorter than, equal to and beyond its 64-row and 64-key tiles,
 // with ragged ends; causal and packed; one or two query tiles per workgroup; tiles of 64 and 32
-// keys; the backward (GEMM kernels) on its out and lse.
+// keys; the ping-pong schedule (modes 3 and 4); the backward (GEMM kernels) on its out and lse.
 TEST_F(AttentionTest, FusedForwardMatchesReference) {
   const std::string why = ops::attention_fused_forward_unsupported(ctx(), 64);
   if (!why.empty()) GTEST_SKIP() << "no fused attention forward here: " << why;
   const Shape shapes[] = {{2, 7, 4, 2, 16},   {2, 65, 4, 2, 128}, {1, 64, 3, 1, 64}, {2, 130, 6, 1, 64},
                           {1, 200, 4, 2, 128}, {1, 256, 8, 2, 128}, {3, 33, 2, 2, 32}};
   Impl fused{true, ops::GemmKernel::automatic, 0, true};
-  for (const uint32_t mode : {0, 1, 2}) {
-    fused.paired = mode >= 1;
-    fused.forward_keys = mode == 2 ? 32 : 0;
+  for (const uint32_t mode : {0, 1, 2, 3, 4}) {
+    fused.paired = mode == 1 || mode == 2 || mode == 4;
+    fused.forward_keys = mode == 2 || mode == 4 ? 32 : 0;
+    fused.forward_pingpong = mode >= 3;
     for (const Shape& s : shapes) {
       check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
       check(s, packed_segments(s, rng_), fused);
@@ -304,6 +307,27 @@ TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
     fused.paired = index % 4 == 1 || index % 4 == 2;
     fused.dq_from_ds = index % 2 == 1;
     ++index;
+    fused.emulated_row_shift = row_shift;
+    fused.emulated_tile = tile;
+    check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
+    check(s, packed_segments(s, rng_), fused);
+  }
+}
+
+// The same emulation with the forward's ping-pong schedule (2 subgroups, one of each role: the
+// lag's softmax a step after its S, the segment ids in two slots): sequences shorter than a
+// workgroup's 32 rows and beyond several key tiles, key tiles of 32 and 64, head_dim 16 to 128,
+// causal and packed (tiles skipped between visible ones), one or two query tiles a workgroup.
+TEST_F(AttentionTest, FusedForwardPingPongEmulatedMatchesReference) {
+  const std::tuple<Shape, uint32_t, uint32_t> cases[] = {{{2, 7, 4, 2, 16}, 2, 32},
+                                                         {{1, 150, 2, 1, 128}, 1, 32},
+                                                         {{2, 131, 6, 2, 32}, 2, 64},
+                                                         {{1, 97, 4, 2, 64}, 1, 32}};
+  uint32_t index = 0;
+  for (const auto& [s, row_shift, tile] : cases) {
+    Impl fused{true, ops::GemmKernel::automatic, 0, true};
+    fused.forward_pingpong = true;
+    fused.paired = index++ % 2 == 1;
     fused.emulated_row_shift = row_shift;
     fused.emulated_tile = tile;
     check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
