@@ -20,6 +20,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <tuple>
 
@@ -183,6 +184,21 @@ class AttentionTest : public GpuTest {
     expect_close("dv", result(gdv, nkv), dv, tol_grad);
   }
 
+  // The fused kernels' emulation on each (shape, accumulator order, tile) of cases, causal and
+  // packed; configure(impl, index) sets what the case runs beyond the emulation itself.
+  template <typename Configure>
+  void check_emulated(std::span<const std::tuple<Shape, uint32_t, uint32_t>> cases, Configure configure) {
+    uint32_t index = 0;
+    for (const auto& [s, row_shift, tile] : cases) {
+      Impl fused{true, ops::GemmKernel::automatic, 0, true};
+      configure(fused, index++);
+      fused.emulated_row_shift = row_shift;
+      fused.emulated_tile = tile;
+      check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
+      check(s, packed_segments(s, rng_), fused);
+    }
+  }
+
   std::mt19937 rng_{7};
   std::vector<gpu::Buffer> bufs_;
 };
@@ -299,19 +315,12 @@ TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
   const std::tuple<Shape, uint32_t, uint32_t> cases[] = {
       {{2, 7, 4, 2, 16}, 2, 32},  {{1, 37, 2, 1, 128}, 2, 32}, {{2, 70, 6, 1, 16}, 2, 32}, {{2, 40, 6, 2, 32}, 1, 32},
       {{1, 70, 2, 2, 32}, 1, 32}, {{2, 150, 4, 1, 64}, 2, 64}, {{1, 67, 6, 2, 32}, 1, 64}};
-  uint32_t index = 0;
-  for (const auto& [s, row_shift, tile] : cases) {
-    Impl fused{true, ops::GemmKernel::automatic, 0, true};
+  check_emulated(cases, [](Impl& fused, uint32_t index) {
     fused.fused_backward = true;
     fused.forward_prefetch = index % 2 == 1;
     fused.paired = index % 4 == 1 || index % 4 == 2;
     fused.dq_from_ds = index % 2 == 1;
-    ++index;
-    fused.emulated_row_shift = row_shift;
-    fused.emulated_tile = tile;
-    check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
-    check(s, packed_segments(s, rng_), fused);
-  }
+  });
 }
 
 // The same emulation with the forward's ping-pong schedule (2 subgroups, one of each role: the
@@ -323,16 +332,10 @@ TEST_F(AttentionTest, FusedForwardPingPongEmulatedMatchesReference) {
                                                          {{1, 150, 2, 1, 128}, 1, 32},
                                                          {{2, 131, 6, 2, 32}, 2, 64},
                                                          {{1, 97, 4, 2, 64}, 1, 32}};
-  uint32_t index = 0;
-  for (const auto& [s, row_shift, tile] : cases) {
-    Impl fused{true, ops::GemmKernel::automatic, 0, true};
+  check_emulated(cases, [](Impl& fused, uint32_t index) {
     fused.forward_pingpong = true;
-    fused.paired = index++ % 2 == 1;
-    fused.emulated_row_shift = row_shift;
-    fused.emulated_tile = tile;
-    check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
-    check(s, packed_segments(s, rng_), fused);
-  }
+    fused.paired = index % 2 == 1;
+  });
 }
 
 // The same emulation with dq from dS by subgroups 2 x 2 (AttentionGemmOptions::dq_ds_quad; the
@@ -345,17 +348,11 @@ TEST_F(AttentionTest, FusedDqFromDsByFourSubgroupsEmulatedMatchesReference) {
                                                          {{2, 150, 6, 2, 32}, 1, 32},
                                                          {{2, 40, 6, 1, 16}, 2, 32},
                                                          {{1, 131, 6, 2, 64}, 1, 64}};
-  uint32_t index = 0;
-  for (const auto& [s, row_shift, tile] : cases) {
-    Impl fused{true, ops::GemmKernel::automatic, 0, true};
+  check_emulated(cases, [](Impl& fused, uint32_t index) {
     fused.fused_backward = true;
     fused.dq_ds_quad = true;
-    fused.paired = index++ % 2 == 0;
-    fused.emulated_row_shift = row_shift;
-    fused.emulated_tile = tile;
-    check(s, std::vector<int32_t>(size_t(s.batch) * s.seq, 1), fused);
-    check(s, packed_segments(s, rng_), fused);
-  }
+    fused.paired = index % 2 == 0;
+  });
 }
 
 // D = rowsum(dout * out), the fused backward's statistic (kernels/attention_row_dot.comp), on any
