@@ -102,12 +102,15 @@ static_assert(kernels::push_block_matches<FusedPush>(kernels::flash_fwd_khr),
 // The forward's workgroups within what the kernel and the device allow: shared memory holds the
 // staged k and v tiles, or the workgroup's q rows before the loop (kernels/flash_forward_khr.comp's
 // SH_SIZE), the tile's segment ids and the emulation's exchange arrays.
-void check_fused_forward_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t keys, uint32_t head_dim) {
+void check_fused_forward_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t keys, uint32_t head_dim,
+                               bool emulated) {
   if (!(warps == 1 || warps == 2 || warps == 4 || warps == 8) || !(keys == 16 || keys == 32 || keys == 64))
     throw std::invalid_argument("fused attention forward tiles: subgroups must be 1, 2, 4 or 8 and tiles 16, 32 or 64");
   const uint64_t ld = head_dim / 8 + 1;
-  const uint64_t bytes =
-      16 * std::max<uint64_t>(2ull * keys * ld, 16ull * warps * ld) + 8ull * keys + 4ull * warps * (256 + 256 + 32);
+  // The emulation's exchange arrays are per subgroup; the real kernels have none (one subgroup's
+  // worth is counted anyway, as before).
+  const uint64_t bytes = 16 * std::max<uint64_t>(2ull * keys * ld, 16ull * warps * ld) + 8ull * keys +
+                         4ull * (emulated ? warps : 1) * (256 + 256 + 32);
   if (bytes > ctx.info().max_shared_memory)
     throw std::invalid_argument("fused attention forward tiles: " + std::to_string(warps) + " subgroups and tiles of " +
                                 std::to_string(keys) + " need " + std::to_string(bytes) +
@@ -193,7 +196,7 @@ void fused_forward(gpu::Context& ctx, const Dims& m, const gpu::Buffer& q, const
   const bool pingpong = o.fused_forward_tiles.pingpong;
   const uint32_t warps = f.emulated ? (pingpong ? 2 : 1) : o.fused_forward_tiles.warps;
   const uint32_t keys = f.emulated ? o.emulated_tile : o.fused_forward_tiles.keys;
-  check_fused_forward_tiles(ctx, warps, keys, m.d);
+  check_fused_forward_tiles(ctx, warps, keys, m.d, f.emulated);
   const auto& p = ctx.pipelines().get(f.emulated ? kernels::flash_fwd_khr_emu : kernels::flash_fwd_khr,
                                       {warps * 32, warps, keys, m.d, f.row_shift, f.col_shift,
                                        o.fused_forward_tiles.prefetch && !pingpong ? 1u : 0u,
