@@ -99,6 +99,18 @@ struct FusedPush {
 };
 static_assert(kernels::push_block_matches<FusedPush>(kernels::flash_fwd_khr),
               "FusedPush differs from kernels/flash_forward_khr.comp's push-constant block");
+}  // namespace
+
+uint64_t attention_fused_forward_shared_bytes(uint32_t warps, uint32_t keys, uint32_t head_dim, bool emulated) {
+  const uint64_t ld = head_dim / 8 + 1;  // uvec4 chunks per staged row, one of padding
+  // The emulation's exchange arrays are per subgroup; the real kernel has none (one subgroup's
+  // worth is counted anyway).
+  return 16 * std::max<uint64_t>(2ull * keys * ld, 16ull * warps * ld) + 8ull * keys +
+         4ull * (emulated ? warps : 1) * (256 + 256 + 32);
+}
+
+namespace {
+
 // The forward's workgroups within what the kernel and the device allow: shared memory holds the
 // staged k and v tiles, or the workgroup's q rows before the loop (kernels/flash_forward_khr.comp's
 // SH_SIZE), the tile's segment ids and the emulation's exchange arrays.
@@ -106,11 +118,7 @@ void check_fused_forward_tiles(const gpu::Context& ctx, uint32_t warps, uint32_t
                                bool emulated) {
   if (!(warps == 1 || warps == 2 || warps == 4 || warps == 8) || !(keys == 16 || keys == 32 || keys == 64))
     throw std::invalid_argument("fused attention forward tiles: subgroups must be 1, 2, 4 or 8 and tiles 16, 32 or 64");
-  const uint64_t ld = head_dim / 8 + 1;
-  // The emulation's exchange arrays are per subgroup; the real kernels have none (one subgroup's
-  // worth is counted anyway, as before).
-  const uint64_t bytes = 16 * std::max<uint64_t>(2ull * keys * ld, 16ull * warps * ld) + 8ull * keys +
-                         4ull * (emulated ? warps : 1) * (256 + 256 + 32);
+  const uint64_t bytes = attention_fused_forward_shared_bytes(warps, keys, head_dim, emulated);
   if (bytes > ctx.info().max_shared_memory)
     throw std::invalid_argument("fused attention forward tiles: " + std::to_string(warps) + " subgroups and tiles of " +
                                 std::to_string(keys) + " need " + std::to_string(bytes) +

@@ -148,6 +148,11 @@ std::string attention_fused_forward_unsupported(gpu::Context& ctx, uint32_t head
 inline bool attention_fused_forward_supported(gpu::Context& ctx, uint32_t head_dim) {
   return attention_fused_forward_unsupported(ctx, head_dim).empty();
 }
+// Bytes of shared memory the fused forward takes with `warps` subgroups against tiles of `keys`
+// keys (kernels/flash_forward_khr.comp: the staged K and V tiles or the workgroup's q rows, two
+// slots of segment ids, and where emulated its per-subgroup exchange arrays); the host refuses
+// tiles beyond the device's maxComputeSharedMemorySize (49152 on NVIDIA).
+uint64_t attention_fused_forward_shared_bytes(uint32_t warps, uint32_t keys, uint32_t head_dim, bool emulated);
 // Whether the fused kernels run head_dim here with these options: the real ones where
 // attention_fused_forward_supported, their emulation (o.fused_emulated) for head_dim a multiple
 // of 16 up to 128 on any device.

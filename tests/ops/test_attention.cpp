@@ -323,6 +323,19 @@ TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
   });
 }
 
+// The fused forward's default tiles at head_dim 128 fit NVIDIA's 48 KiB of shared memory, the
+// one device kind that runs the real kernel (607bdd0 counted the emulation's exchange arrays for
+// all 8 subgroups of the real kernel and refused its own defaults there); the emulation counts
+// its arrays per subgroup.
+TEST(AttentionFusedForwardTiles, DefaultsFitNvidiaSharedMemory) {
+  const ops::AttentionGemmOptions o;
+  const uint32_t warps = o.fused_forward_tiles.warps, keys = o.fused_forward_tiles.keys;
+  EXPECT_LE(ops::attention_fused_forward_shared_bytes(warps, keys, 128, false), 49152u);
+  EXPECT_LE(ops::attention_fused_forward_shared_bytes(warps, 32, 128, false), 49152u);
+  EXPECT_GT(ops::attention_fused_forward_shared_bytes(2, 32, 128, true),
+            ops::attention_fused_forward_shared_bytes(1, 32, 128, true));
+}
+
 // The same emulation with the forward's ping-pong schedule (2 subgroups, one of each role: the
 // lag's softmax a step after its S, the segment ids in two slots): sequences shorter than a
 // workgroup's 32 rows and beyond several key tiles, key tiles of 32 and 64, head_dim 16 to 128,
