@@ -20,6 +20,7 @@ A="bench attention --seq-len 2048 --heads 32 --kv-heads 8 --head-dim 128 --impl 
     echo "== ping-pong"; timeout 30 .dist/forja $A --reps 5 --pingpong 1 2>&1 | tail -1
     echo "== no K prefetch"; FORJA_EXPERIMENT_DQ_NO_K_PREFETCH=1 timeout 30 .dist/forja $A --reps 5 2>&1 | tail -1
   done
+  echo "== ping-pong 8,32"; timeout 30 .dist/forja $A --reps 5 --pingpong 1 --fused-forward-tiles 8,32,0 2>&1 | tail -1
   echo "== main B4"; timeout 40 .dist/forja $A --reps 3 --batch 4 2>&1 | tail -1
   echo "== ping-pong B4"; timeout 40 .dist/forja $A --reps 3 --batch 4 --pingpong 1 2>&1 | tail -1
 } > $OUT/attn.txt 2>&1

@@ -307,8 +307,7 @@ TEST_F(AttentionTest, FusedBackwardMatchesReference) {
 // dS blocks of 16 and 64 queries); sequences shorter than and beyond the emulation's 16-row and 32-key tiles, head_dim
 // 16 to 128, GQA 1 to 6, causal and packed; the forward with its prefetch (cases 1, 3, 5) and
 // without, the row tiles one or two per workgroup (cases 1, 2, 5, 6: odd and even tile counts).
-// Lavapipe
-// compiles each (kernel, head_dim, order) for about 2 s, so few of them are asked for.
+// Lavapipe compiles each (kernel, head_dim, order) for about 2 s, so few of them are asked for.
 TEST_F(AttentionTest, FusedKernelsEmulatedMatchReference) {
   // (shape, accumulator order, tile): tile 64 is the real kernels' (forward keys, the backward's
   // default tiles), within lavapipe's shared memory up to head_dim 64.
