@@ -320,6 +320,12 @@ int run(const AttnBenchOptions& o) {
 }
 
 // A subcommand of `bench`, which cmd_bench_train.cpp registers (order 80, set up before this).
+// A 0/1 option of the fused kernels; left out (-1), the library's default (which its variable may
+// set) stands.
+void add_switch(CLI::App* cmd, const std::string& name, int& value, const std::string& help) {
+  cmd->add_option(name, value, help + "; default: the library's")->check(CLI::Range(0, 1));
+}
+
 forja::cli::CommandRegistration bench_attention_registration{"bench-attention", 82, [](CLI::App& app) {
   CLI::App* bench = app.get_subcommand("bench");
   auto* cmd = bench->add_subcommand("attention", "Causal attention forward/backward throughput (TFLOP/s) "
@@ -343,10 +349,8 @@ forja::cli::CommandRegistration bench_attention_registration{"bench-attention", 
   cmd->add_option("--fused-backward-tiles", o->fused_backward_tiles,
                   "fused-backward's workgroups: DQ_WARPS,DQ_KEYS,KV_WARPS,KV_QUERIES (subgroups 1/2/4/8, tiles "
                   "16/32/64; default 4,64,4,32)");
-  cmd->add_option("--paired", o->paired,
-                  "the fused kernels' workgroups take row tiles w and n - 1 - w (1) or tile w alone (0); default: "
-                  "the library's")
-      ->check(CLI::Range(0, 1));
+  add_switch(cmd, "--paired", o->paired,
+             "the fused kernels' workgroups take row tiles w and n - 1 - w (1) or tile w alone (0)");
   cmd->add_option("--dkv-split-target", o->dkv_split_target,
                   "fused-backward's dk/dv kernel: workgroups below which a kv head's query heads are split "
                   "across workgroups (0: never; default 1024)")
@@ -354,14 +358,12 @@ forja::cli::CommandRegistration bench_attention_registration{"bench-attention", 
   cmd->add_option("--dq-ds-warps", o->dq_ds_warps,
                   "fused-backward's dq from dS: subgroups of 16 query rows per workgroup (1, 2, 4, 8; default 4)")
       ->check(CLI::IsMember({1u, 2u, 4u, 8u}));
-  cmd->add_option("--dq-ds-quad", o->dq_ds_quad,
-                  "fused-backward's dq from dS: subgroups 2 x 2, 32 rows by half of head_dim each (1), or 16 rows "
-                  "by all of it (0); default: the library's (1)")
-      ->check(CLI::Range(0, 1));
-  cmd->add_option("--pingpong", o->pingpong,
-                  "the fused forward's ping-pong schedule: half of the subgroups on their products while the other "
-                  "half runs its softmax (1), or all in step (0); default: the library's (FORJA_ATTENTION_PINGPONG)")
-      ->check(CLI::Range(0, 1));
+  add_switch(cmd, "--dq-ds-quad", o->dq_ds_quad,
+             "fused-backward's dq from dS: subgroups 2 x 2, 32 rows by half of head_dim each (1), or 16 rows by "
+             "all of it (0)");
+  add_switch(cmd, "--pingpong", o->pingpong,
+             "the fused forward's ping-pong schedule: half of the subgroups on their products while the other half "
+             "runs its softmax (1), or all in step (0)");
   cmd->add_flag("--model-inputs", o->model_inputs,
                 "fused-backward as training runs it: q, k and the backward's out given in fp16 (copied outside "
                 "the timing), so neither call converts them");
