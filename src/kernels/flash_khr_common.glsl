@@ -13,10 +13,11 @@
 // EMULATE: the same kernels without cooperative matrices, WARPS emulated subgroups of 32 lanes
 // per workgroup (lanes 32 w ... 32 w + 31 of the workgroup's invocations are subgroup w's,
 // whatever the device's subgroup size; every kernel runs WARPS 1 but the backward's dq from dS
-// with QUAD, which runs 4): every fragment (A, B and accumulator) is the lane's 8 elements in
-// that pattern, fp16 values held in floats; products and the row exchanges go through shared
-// memory, with barriers, so every subgroup of the workgroup makes the same calls. Slow, and exact
-// to fp32 accumulation in another order, for tests on any device.
+// with QUAD, which runs 4, and the forward with PINGPONG, which runs 2): every fragment (A, B
+// and accumulator) is the lane's 8 elements in that pattern, fp16 values held in floats;
+// products and the row exchanges go through shared memory, with barriers, so every subgroup of
+// the workgroup makes the same calls. Slow, and exact to fp32 accumulation in another order, for
+// tests on any device.
 
 // The kernels' loops over fragments: unrolled for the registers; kept as loops in the emulation,
 // whose shared-memory products would otherwise grow the shader past what lavapipe compiles quickly.

@@ -121,8 +121,9 @@ struct AttentionGemmOptions {
   // (model/transformer.h). The fused backward only (it reads out for D alone); 0: fp32.
   uint32_t out_f16_ld = 0;
   // Tests: where fused_forward / fused_backward ask for the fused kernels, run their emulation
-  // (kernels/flash_khr_common.glsl: no cooperative matrices, one 32-lane subgroup per workgroup,
-  // any device, lavapipe included) with the accumulator element order {emulated_row_shift,
+  // (kernels/flash_khr_common.glsl: no cooperative matrices, 32-lane subgroups, one per
+  // workgroup but for dq from dS 2 x 2's four and the ping-pong forward's two; any device,
+  // lavapipe included) with the accumulator element order {emulated_row_shift,
   // 3 - emulated_row_shift} (2: the order of NVIDIA's driver; 1: the other one the kernels know).
   bool fused_emulated = false;
   uint32_t emulated_row_shift = 2;
