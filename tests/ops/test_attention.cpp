@@ -93,6 +93,8 @@ struct Impl {
 
 float round_f16(float x) { return io::f16_to_float(io::float_to_f16(x)); }
 
+std::vector<int32_t> packed_segments(const Shape& s, std::mt19937& rng);  // below, beside its tests
+
 class AttentionTest : public GpuTest {
  protected:
   std::vector<float> random(size_t n, float lo = -1.0f, float hi = 1.0f) {
