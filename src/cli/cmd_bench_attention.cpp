@@ -319,13 +319,13 @@ int run(const AttnBenchOptions& o) {
   return all_ok ? 0 : 1;
 }
 
-// A subcommand of `bench`, which cmd_bench_train.cpp registers (order 80, set up before this).
 // A 0/1 option of the fused kernels; left out (-1), the library's default (which its variable may
 // set) stands.
 void add_switch(CLI::App* cmd, const std::string& name, int& value, const std::string& help) {
   cmd->add_option(name, value, help + "; default: the library's")->check(CLI::Range(0, 1));
 }
 
+// A subcommand of `bench`, which cmd_bench_train.cpp registers (order 80, set up before this).
 forja::cli::CommandRegistration bench_attention_registration{"bench-attention", 82, [](CLI::App& app) {
   CLI::App* bench = app.get_subcommand("bench");
   auto* cmd = bench->add_subcommand("attention", "Causal attention forward/backward throughput (TFLOP/s) "

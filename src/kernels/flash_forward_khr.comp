@@ -129,6 +129,11 @@ void put(const uvec4 pk[PER], const uvec4 pv[PER]) {
   }
 }
 
+// The segment ids of the key tile from k0 at sseg_k[slot...] (0 past the sequence).
+void stage_segment_ids(uint sbase, uint k0, uint slot) {
+  for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[slot + c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
+}
+
 // S = Q K^T for the key tile staged at sh[0...] ([key][d], so K^T is its column-major reading).
 void scores(const FRAG_A qa[HF], out FRAG_C s[NF]) {
   UNROLL for (uint n = 0u; n < NF; ++n) {
@@ -257,7 +262,7 @@ void key_loop_pingpong(const FRAG_A qa[HF], uint qw, uint tiles, uint sbase, uin
     barrier();  // every subgroup is done with the previous step's K and V
     if (j < tiles) {
       STAGE(k8, 0u, k0, BC, k_first, ld);
-      for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[slot + c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
+      stage_segment_ids(sbase, k0, slot);
     }
     if (jp < tiles) STAGE(v8, KV_SIZE, jp * BC, BC, v_first, ld);
     barrier();
@@ -343,51 +348,51 @@ void query_tile(const uint qt) {
 
   const uint q_end = min(pc.seq, q0 + BR);
   const uint tiles = (q_end + BC - 1u) / BC;
-  // With the prefetch, jn is the next visible tile (its segment range in nlo, nhi, ngap), whose
-  // loads are in flight. Without it, each tile's visibility is decided at its turn, in a loop
-  // counted by j alone: the H100 ran that 8-15% faster than a loop stepping to the next visible
-  // tile (B 1: 0.349 against 0.404 ms; docs/benchmarks.md, run 15).
   if (PINGPONG) {
     key_loop_pingpong(qa, qw, tiles, sbase, k_first, v_first, nkv * d, qlo, qhi, qgap, s2, r, acc);
   } else {
-  int nlo, nhi;
-  bool ngap;
-  uvec4 pk[PER], pv[PER];
-  uint jn = PREFETCH ? next_visible_tile(0u, tiles, BC, sbase, qlo, qhi, nlo, nhi, ngap) : 0u;
-  if (PREFETCH && jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
-  for (uint j = 0u; j < tiles; ++j) {
-    const uint k0 = j * BC;
-    int klo, khi;
-    bool kgap;
-    if (PREFETCH) {
-      if (j != jn) continue;
-      klo = nlo, khi = nhi, kgap = ngap;
-    } else {
-      segment_range(sbase, k0, BC, klo, khi, kgap);
-      if (khi < qlo || klo > qhi) continue;  // no visible pair (the same decision in every subgroup)
+    // With the prefetch, jn is the next visible tile (its segment range in nlo, nhi, ngap), whose
+    // loads are in flight. Without it, each tile's visibility is decided at its turn, in a loop
+    // counted by j alone: the H100 ran that 8-15% faster than a loop stepping to the next visible
+    // tile (B 1: 0.349 against 0.404 ms; docs/benchmarks.md, run 15).
+    int nlo, nhi;
+    bool ngap;
+    uvec4 pk[PER], pv[PER];
+    uint jn = PREFETCH ? next_visible_tile(0u, tiles, BC, sbase, qlo, qhi, nlo, nhi, ngap) : 0u;
+    if (PREFETCH && jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
+    for (uint j = 0u; j < tiles; ++j) {
+      const uint k0 = j * BC;
+      int klo, khi;
+      bool kgap;
+      if (PREFETCH) {
+        if (j != jn) continue;
+        klo = nlo, khi = nhi, kgap = ngap;
+      } else {
+        segment_range(sbase, k0, BC, klo, khi, kgap);
+        if (khi < qlo || klo > qhi) continue;  // no visible pair (the same decision in every subgroup)
+      }
+      barrier();  // every subgroup is done with the previous tile
+      if (PREFETCH) {
+        put(pk, pv);
+      } else {
+        STAGE(k8, 0u, k0, BC, k_first, nkv * d);
+        STAGE(v8, KV_SIZE, k0, BC, v_first, nkv * d);
+      }
+      stage_segment_ids(sbase, k0, 0u);
+      barrier();
+      // With the prefetch, the next visible tile's loads go out now and land while this one is
+      // computed.
+      if (PREFETCH) {
+        jn = next_visible_tile(j + 1u, tiles, BC, sbase, qlo, qhi, nlo, nhi, ngap);
+        if (jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
+      }
+      if (k0 > qw + 15u) continue;  // past this subgroup's last row
+      FRAG_C s[NF];
+      scores(qa, s);
+      FRAG_A pa[NF];
+      softmax(s, k0, all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw), 0u, s2, r, acc, pa);
+      add_pv(pa, acc);
     }
-    barrier();  // every subgroup is done with the previous tile
-    if (PREFETCH) {
-      put(pk, pv);
-    } else {
-      STAGE(k8, 0u, k0, BC, k_first, nkv * d);
-      STAGE(v8, KV_SIZE, k0, BC, v_first, nkv * d);
-    }
-    for (uint c = gl_LocalInvocationIndex; c < BC; c += NT) sseg_k[c] = k0 + c < pc.seq ? seg[sbase + k0 + c] : 0;
-    barrier();
-    // With the prefetch, the next visible tile's loads go out now and land while this one is
-    // computed.
-    if (PREFETCH) {
-      jn = next_visible_tile(j + 1u, tiles, BC, sbase, qlo, qhi, nlo, nhi, ngap);
-      if (jn < tiles) fetch(jn * BC, k_first, v_first, nkv * d, pk, pv);
-    }
-    if (k0 > qw + 15u) continue;  // past this subgroup's last row
-    FRAG_C s[NF];
-    scores(qa, s);
-    FRAG_A pa[NF];
-    softmax(s, k0, all_visible(qgap, qlo, qhi, kgap, klo, khi, k0, qw), 0u, s2, r, acc, pa);
-    add_pv(pa, acc);
-  }
   }
 
   // The rows' sums from the lanes' shares; out = O / l for this lane's elements (two adjacent
